@@ -1,0 +1,30 @@
+# horovod_prio — the two commands are `make run` and `make test`.
+TF ?= 2.15.1
+ifeq ($(TF),2.15.1)
+VENV ?= .venv
+else
+VENV ?= .venv-tf$(TF)
+endif
+BIN := $(VENV)/bin
+# Keras 2 on TF >= 2.16 comes from tf_keras.
+export TF_USE_LEGACY_KERAS := 1
+export OMPI_ALLOW_RUN_AS_ROOT := 1
+export OMPI_ALLOW_RUN_AS_ROOT_CONFIRM := 1
+export PATH := $(CURDIR)/$(BIN):$(PATH)
+PYTEST_ARGS ?=
+
+.PHONY: install test run bench clean
+install:
+	@bash tools/install.sh $(VENV) $(TF)
+
+test: install
+	$(BIN)/python -m pytest $(PYTEST_ARGS)
+
+run: install
+	$(BIN)/python -m horovod_prio.examples.run_default
+
+bench: install
+	$(BIN)/python -m benchmarks.run --quick
+
+clean:
+	rm -rf build *.egg-info horovod_prio/*.so

@@ -1,0 +1,79 @@
+#!/usr/bin/env bash
+# Idempotent installer behind `make install`. Every step checks before it acts,
+# so a re-run with nothing changed takes a few seconds.
+#
+#   tools/install.sh VENV TF_VERSION
+set -euo pipefail
+VENV=${1:-.venv}
+TF=${2:-2.15.1}
+PY=${PYTHON:-python3.11}
+HOROVOD_VERSION=0.28.1
+ROOT=$(cd "$(dirname "$0")/.." && pwd)
+CACHE=${HOROVOD_PRIO_CACHE:-$HOME/.cache/horovod_prio}
+log() { printf '[install] %s\n' "$*"; }
+
+# 1. Debian packages the horovod build and its MPI controller need.
+need=()
+for p in openmpi-bin libopenmpi-dev cmake g++ iproute2; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'install ok installed' || need+=("$p")
+done
+if ((${#need[@]})); then
+  if [ "$(id -u)" != 0 ]; then
+    echo "[install] missing Debian packages: ${need[*]} (run as root or install them)" >&2; exit 1
+  fi
+  log "apt-get install ${need[*]}"
+  apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${need[@]}" >/dev/null
+fi
+
+# 2. The virtual environment.
+command -v "$PY" >/dev/null || PY=python3
+if [ ! -x "$VENV/bin/python" ]; then
+  log "creating $VENV with $($PY --version)"
+  "$PY" -m venv "$VENV"
+fi
+VPY="$ROOT/$VENV/bin/python"
+[ -x "$VPY" ] || VPY="$VENV/bin/python"
+STAMPS="$VENV/.stamps"; mkdir -p "$STAMPS"
+
+# 3. Pinned Python dependencies for this TensorFlow stack.
+reqs="$ROOT/requirements/tf-$TF.txt"
+[ -f "$reqs" ] || { echo "[install] no pinned stack for TF=$TF (have: $(ls "$ROOT"/requirements | sed 's/^tf-//;s/.txt$//' | tr '\n' ' '))" >&2; exit 2; }
+key=$(cat "$reqs" "$ROOT/requirements/common.txt" | sha1sum | cut -c1-12)
+if [ ! -f "$STAMPS/deps-$key" ]; then
+  log "pip install pinned stack TF=$TF"
+  "$VPY" -m pip install -q --upgrade 'pip<25' 'setuptools<70' wheel
+  "$VPY" -m pip install -q -r "$reqs" -r "$ROOT/requirements/common.txt"
+  rm -f "$STAMPS"/deps-*; touch "$STAMPS/deps-$key"
+fi
+
+# 4. horovod built from source against this TensorFlow (TensorFlow + Gloo + MPI).
+#    The built wheel is cached per TF/Python version so fresh venvs skip the build.
+pyver=$("$VPY" -c 'import sys; print("%d%d" % sys.version_info[:2])')
+if ! "$VPY" -m pip show -q horovod >/dev/null 2>&1 || [ ! -f "$STAMPS/horovod-$TF" ]; then
+  wheeldir="$CACHE/horovod-$HOROVOD_VERSION-tf$TF-py$pyver"
+  if ! ls "$wheeldir"/horovod-*.whl >/dev/null 2>&1; then
+    log "building horovod==$HOROVOD_VERSION from source against TF $TF (takes ~3 min)"
+    mkdir -p "$wheeldir.tmp"
+    HOROVOD_WITH_TENSORFLOW=1 HOROVOD_WITH_GLOO=1 HOROVOD_WITH_MPI=1 \
+    HOROVOD_WITHOUT_PYTORCH=1 HOROVOD_WITHOUT_MXNET=1 \
+      "$VPY" -m pip wheel -q --no-build-isolation --no-cache-dir --no-deps \
+        -w "$wheeldir.tmp" "horovod==$HOROVOD_VERSION"
+    rm -rf "$wheeldir"; mv "$wheeldir.tmp" "$wheeldir"
+  fi
+  "$VPY" -m pip install -q --no-deps --force-reinstall "$wheeldir"/horovod-*.whl
+  build=$(PATH="$ROOT/$VENV/bin:$PATH" "$VENV/bin/horovodrun" --check-build)
+  for fw in TensorFlow MPI Gloo; do
+    echo "$build" | grep -q "\[X\] $fw" || { echo "$build" >&2; echo "[install] horovod lacks $fw" >&2; exit 1; }
+  done
+  rm -f "$STAMPS"/horovod-*; touch "$STAMPS/horovod-$TF"
+fi
+
+# 5. horovod_prio itself, editable, with its C++ op built against this TF.
+src_key=$(cat "$ROOT/setup.py" "$ROOT"/horovod_prio/cc/*.cc "$ROOT"/horovod_prio/cc/*.h 2>/dev/null | sha1sum | cut -c1-12)
+if [ ! -f "$STAMPS/prio-$src_key" ]; then
+  log "pip install -e . (builds the scheduler op)"
+  "$VPY" -m pip install -q --no-build-isolation --no-deps -e "$ROOT"
+  rm -f "$STAMPS"/prio-*; touch "$STAMPS/prio-$src_key"
+fi
+log "ready: $VENV (TF $TF, horovod $HOROVOD_VERSION)"
