@@ -1,0 +1,484 @@
+// Plain C++ tests of the horovod_prio scheduler core (no TF, no gtest).
+// Built and run by tests/test_scheduler_core.py:
+//   g++ -std=c++17 -pthread -I horovod_prio/cc tests/cc/test_scheduler.cc
+//       horovod_prio/cc/scheduler.cc -o test_scheduler && ./test_scheduler
+#include <atomic>
+#include <condition_variable>
+#include <cstdio>
+#include <cstdlib>
+#include <deque>
+#include <map>
+#include <mutex>
+#include <random>
+#include <set>
+#include <stdexcept>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "scheduler.h"
+
+using horovod_prio::Event;
+using horovod_prio::Scheduler;
+using horovod_prio::Stats;
+
+#define CHECK(cond)                                                        \
+  do {                                                                     \
+    if (!(cond)) {                                                         \
+      std::fprintf(stderr, "%s:%d: CHECK failed: %s\n", __FILE__, __LINE__, \
+                   #cond);                                                 \
+      std::abort();                                                        \
+    }                                                                      \
+  } while (0)
+
+#define CHECK_EQ(a, b)                                                       \
+  do {                                                                       \
+    auto _a = (a);                                                           \
+    auto _b = (b);                                                           \
+    if (!(_a == _b)) {                                                       \
+      std::fprintf(stderr, "%s:%d: CHECK_EQ failed: %s == %s\n", __FILE__,    \
+                   __LINE__, #a, #b);                                        \
+      std::abort();                                                          \
+    }                                                                        \
+  } while (0)
+
+namespace {
+
+// Records release order (single-threaded tests).
+struct Log {
+  std::vector<std::string> released;
+  Scheduler::Release Cb(const std::string& name) {
+    return [this, name]() { released.push_back(name); };
+  }
+  bool Has(const std::string& n) const {
+    for (auto& r : released)
+      if (r == n) return true;
+    return false;
+  }
+};
+
+// Every "release" event must respect the rule.
+void CheckTraceRule(const std::vector<Event>& ev, int64_t credit) {
+  for (const Event& e : ev) {
+    if (e.kind != "release") continue;
+    CHECK(e.inflight_bytes <= credit || e.inflight_bytes == e.bytes);
+    CHECK_EQ(e.waiting_max_priority, e.priority);
+  }
+}
+
+void TestOrdering() {
+  Scheduler s;
+  s.Configure(0, true);  // one chunk in flight at a time
+  s.SetTracing(true);
+  Log log;
+  s.Submit("a", 1, 10, log.Cb("a"));  // nothing in flight: released at once
+  CHECK_EQ(log.released.size(), size_t(1));
+  s.Submit("b", 1, 10, log.Cb("b"));
+  s.Submit("c", 5, 10, log.Cb("c"));
+  s.Submit("d", 5, 10, log.Cb("d"));
+  s.Submit("e", 3, 10, log.Cb("e"));
+  CHECK_EQ(log.released.size(), size_t(1));
+  CHECK_EQ(s.GetStats().queued, int64_t(4));
+  const char* expect[] = {"a", "c", "d", "e", "b"};
+  for (int i = 0; i < 5; ++i) {
+    CHECK_EQ(log.released.size(), size_t(i + 1));
+    CHECK_EQ(log.released[i], std::string(expect[i]));
+    s.Complete(expect[i]);
+  }
+  Stats st = s.GetStats();
+  CHECK_EQ(st.submitted, int64_t(5));
+  CHECK_EQ(st.released, int64_t(5));
+  CHECK_EQ(st.completed, int64_t(5));
+  CHECK_EQ(st.queued, int64_t(0));
+  CHECK_EQ(st.inflight_bytes, int64_t(0));
+  CHECK_EQ(st.max_inflight_bytes, int64_t(10));
+  auto ev = s.DrainEvents();
+  CHECK_EQ(ev.size(), size_t(15));
+  CheckTraceRule(ev, 0);
+  CHECK(s.DrainEvents().empty());
+  // release event fields
+  int n_rel = 0;
+  for (auto& e : ev) {
+    if (e.kind == "release" && e.name == "c") {
+      CHECK_EQ(e.queued, int64_t(3));
+      CHECK_EQ(e.inflight_bytes, int64_t(10));
+      CHECK_EQ(e.waiting_max_priority, int64_t(5));
+      CHECK(e.t_us > 1600000000LL * 1000000LL);  // system_clock, microseconds
+    }
+    if (e.kind == "release") ++n_rel;
+  }
+  CHECK_EQ(n_rel, 5);
+}
+
+void TestCredit() {
+  Scheduler s;
+  const int64_t credit = 100;
+  s.Configure(credit, true);
+  s.SetTracing(true);
+  std::mt19937 rng(1);
+  std::deque<std::string> released;
+  int64_t inflight = 0;
+  std::map<std::string, int64_t> size;
+  int64_t max_seen = 0;
+  for (int i = 0; i < 200; ++i) {
+    std::string n = "c" + std::to_string(i);
+    int64_t b = 1 + rng() % 60;
+    size[n] = b;
+    s.Submit(n, rng() % 5, b, [&, n]() {
+      released.push_back(n);
+      inflight += size[n];
+      CHECK(inflight <= credit || inflight == size[n]);
+      max_seen = std::max(max_seen, inflight);
+    });
+    // complete roughly every other step
+    if (rng() % 2 && !released.empty()) {
+      std::string c = released.front();
+      released.pop_front();
+      inflight -= size[c];
+      s.Complete(c);
+    }
+  }
+  while (!released.empty()) {
+    std::string c = released.front();
+    released.pop_front();
+    inflight -= size[c];
+    s.Complete(c);
+  }
+  Stats st = s.GetStats();
+  CHECK_EQ(st.submitted, int64_t(200));
+  CHECK_EQ(st.released, int64_t(200));
+  CHECK_EQ(st.completed, int64_t(200));
+  CHECK(st.max_inflight_bytes <= credit);
+  CHECK(max_seen > 60);  // several chunks really were in flight together
+  CheckTraceRule(s.DrainEvents(), credit);
+}
+
+void TestOversizeAlone() {
+  Scheduler s;
+  s.Configure(10, true);
+  Log log;
+  s.Submit("big", 0, 1000, log.Cb("big"));
+  CHECK(log.Has("big"));  // released although larger than the credit
+  s.Submit("small", 9, 5, log.Cb("small"));
+  CHECK(!log.Has("small"));  // 1000 in flight
+  s.Complete("big");
+  CHECK(log.Has("small"));
+  s.Submit("big2", 0, 1000, log.Cb("big2"));
+  CHECK(!log.Has("big2"));  // not alone
+  s.Complete("small");
+  CHECK(log.Has("big2"));
+  CHECK_EQ(s.GetStats().max_inflight_bytes, int64_t(1000));
+}
+
+void TestStrictNoBypass() {
+  Scheduler s;
+  s.Configure(100, true);
+  Log log;
+  s.Submit("x", 0, 60, log.Cb("x"));
+  CHECK(log.Has("x"));
+  s.Submit("y", 10, 60, log.Cb("y"));  // 120 > 100: waits
+  s.Submit("z", 1, 10, log.Cb("z"));   // would fit (70) but must not bypass y
+  CHECK(!log.Has("y"));
+  CHECK(!log.Has("z"));
+  CHECK_EQ(s.GetStats().queued, int64_t(2));
+  s.Complete("x");
+  CHECK_EQ(log.released.size(), size_t(3));
+  CHECK_EQ(log.released[1], std::string("y"));
+  CHECK_EQ(log.released[2], std::string("z"));  // 70 <= 100
+}
+
+void TestPassThrough() {
+  Scheduler s;
+  s.Configure(0, false);
+  s.SetTracing(true);
+  Log log;
+  for (int i = 0; i < 10; ++i) {
+    std::string n = "p" + std::to_string(i);
+    s.Submit(n, i, 1000, log.Cb(n));
+    CHECK(log.Has(n));
+  }
+  Stats st = s.GetStats();
+  CHECK_EQ(st.released, int64_t(10));
+  CHECK_EQ(st.inflight_bytes, int64_t(10000));
+  for (int i = 0; i < 10; ++i) s.Complete("p" + std::to_string(i));
+  st = s.GetStats();
+  CHECK_EQ(st.completed, int64_t(10));
+  CHECK_EQ(st.inflight_bytes, int64_t(0));
+  CHECK_EQ(st.unknown_completions, int64_t(0));
+  // Turning hold off releases everything waiting.
+  s.Configure(0, true);
+  s.Submit("h1", 0, 1, log.Cb("h1"));
+  s.Submit("h2", 0, 1, log.Cb("h2"));
+  CHECK(!log.Has("h2"));
+  s.Configure(0, false);
+  CHECK(log.Has("h2"));
+}
+
+void TestUnknownCompletion() {
+  Scheduler s;
+  s.Configure(10, true);
+  Log log;
+  s.Submit("a", 0, 10, log.Cb("a"));
+  s.Complete("nope");
+  s.Complete("nope");
+  Stats st = s.GetStats();
+  CHECK_EQ(st.unknown_completions, int64_t(2));
+  CHECK_EQ(st.completed, int64_t(0));
+  CHECK_EQ(st.inflight_bytes, int64_t(10));
+  s.Complete("a");
+  s.Complete("a");  // second time: unknown
+  st = s.GetStats();
+  CHECK_EQ(st.completed, int64_t(1));
+  CHECK_EQ(st.unknown_completions, int64_t(3));
+  CHECK_EQ(st.inflight_bytes, int64_t(0));
+}
+
+void TestDuplicateNames() {
+  // The same chunk name in two overlapping steps.
+  Scheduler s;
+  s.Configure(0, true);
+  Log log;
+  s.Submit("g", 0, 5, log.Cb("g1"));
+  s.Submit("g", 0, 7, log.Cb("g2"));
+  CHECK_EQ(log.released.size(), size_t(1));
+  s.Complete("g");
+  CHECK_EQ(log.released.size(), size_t(2));
+  CHECK_EQ(s.GetStats().inflight_bytes, int64_t(7));
+  s.Complete("g");
+  CHECK_EQ(s.GetStats().inflight_bytes, int64_t(0));
+}
+
+void TestConfigErrorsAndReset() {
+  Scheduler s;
+  bool threw = false;
+  try {
+    s.Configure(-1, true);
+  } catch (const std::invalid_argument&) {
+    threw = true;
+  }
+  CHECK(threw);
+  s.Configure(0, true);
+  Log log;
+  s.Submit("a", 0, 1, log.Cb("a"));
+  s.Submit("b", 0, 1, log.Cb("b"));
+  CHECK(!s.Reset());  // b is waiting
+  s.Complete("a");
+  CHECK(s.Reset());  // b in flight only: allowed, forgotten
+  Stats st = s.GetStats();
+  CHECK_EQ(st.submitted, int64_t(0));
+  CHECK_EQ(st.hold, int64_t(0));
+  CHECK_EQ(st.inflight_bytes, int64_t(0));
+  s.Complete("b");
+  CHECK_EQ(s.GetStats().unknown_completions, int64_t(1));
+}
+
+void TestEventBound() {
+  Scheduler s;
+  s.SetTracing(true);
+  s.SetMaxEvents(5);
+  for (int i = 0; i < 10; ++i) s.Submit("x", 0, 1, nullptr);  // pass-through
+  CHECK_EQ(s.DrainEvents().size(), size_t(5));
+  CHECK_EQ(s.GetStats().dropped_events, int64_t(15));
+}
+
+void TestCallbackReentry() {
+  // A release callback that completes its own chunk (like a TF executor that
+  // runs the Done op inline) must neither deadlock nor recurse out of order.
+  Scheduler s;
+  s.Configure(0, true);
+  std::vector<std::string> order;
+  for (int i = 0; i < 5; ++i) {
+    std::string n = "r" + std::to_string(i);
+    // First submit is released at once inside Submit and completes itself,
+    // so every later one is released at once too.
+    s.Submit(n, i, 1, [&s, &order, n]() {
+      order.push_back(n);
+      (void)s.GetStats();  // takes the lock: proves we are outside it
+      s.Complete(n);
+    });
+  }
+  CHECK_EQ(order.size(), size_t(5));
+  Stats st = s.GetStats();
+  CHECK_EQ(st.completed, int64_t(5));
+  CHECK_EQ(st.inflight_bytes, int64_t(0));
+
+  // Held chunks released by one Complete chain through the callbacks in
+  // release (priority) order.
+  Scheduler s2;
+  s2.Configure(0, true);
+  std::vector<std::string> order2;
+  s2.Submit("first", 0, 1, nullptr);
+  for (int i = 0; i < 5; ++i) {
+    std::string n = "q" + std::to_string(i);
+    s2.Submit(n, i, 1, [&s2, &order2, n]() {
+      order2.push_back(n);
+      s2.Complete(n);
+    });
+  }
+  CHECK(order2.empty());
+  s2.Complete("first");
+  CHECK_EQ(order2.size(), size_t(5));
+  for (int i = 0; i < 5; ++i) CHECK_EQ(order2[i], "q" + std::to_string(4 - i));
+}
+
+// External grant mode.
+std::mutex g_ext_mu;
+std::vector<std::string> g_requests;
+std::vector<std::string> g_completes;
+void OnRequest(const char* name, int64_t, int64_t) {
+  std::lock_guard<std::mutex> l(g_ext_mu);
+  g_requests.push_back(name);
+}
+void OnComplete(const char* name) {
+  std::lock_guard<std::mutex> l(g_ext_mu);
+  g_completes.push_back(name);
+}
+
+void TestExternalGrant() {
+  Scheduler s;
+  s.Configure(100, true);
+  s.SetGrantCallbacks(&OnRequest, &OnComplete);
+  s.SetExternalGrant(true);
+  s.SetTracing(true);
+  Log log;
+  s.Submit("a", 5, 60, log.Cb("a"));
+  CHECK(log.released.empty());
+  CHECK_EQ(g_requests.size(), size_t(1));
+  s.Submit("b", 9, 60, log.Cb("b"));  // 120 > 100 (a is reserved): not requested
+  CHECK_EQ(g_requests.size(), size_t(1));
+  CHECK(!s.Grant("zzz"));
+  CHECK_EQ(s.GetStats().unknown_grants, int64_t(1));
+  CHECK(s.Grant("a"));
+  CHECK(log.Has("a"));
+  CHECK(!s.Grant("a"));  // already granted
+  s.Complete("a");
+  CHECK_EQ(g_completes.size(), size_t(1));
+  CHECK_EQ(g_requests.size(), size_t(2));  // b requested now
+  CHECK_EQ(g_requests[1], std::string("b"));
+  // Grant from another thread.
+  std::thread t([&]() { CHECK(s.Grant("b")); });
+  t.join();
+  CHECK(log.Has("b"));
+  s.Submit("c", 0, 1, log.Cb("c"));  // 61 <= 100: requested
+  CHECK_EQ(g_requests.size(), size_t(3));
+  s.SetExternalGrant(false);  // pending requests released
+  CHECK(log.Has("c"));
+  s.Complete("b");
+  s.Complete("c");
+  Stats st = s.GetStats();
+  CHECK_EQ(st.released, int64_t(3));
+  CHECK_EQ(st.completed, int64_t(3));
+  CHECK_EQ(st.requested, int64_t(0));
+  CHECK_EQ(st.inflight_bytes, int64_t(0));
+  CHECK_EQ(g_completes.size(), size_t(3));
+  auto ev = s.DrainEvents();
+  int reqs = 0;
+  for (auto& e : ev) reqs += e.kind == "request";
+  CHECK_EQ(reqs, 3);
+  CheckTraceRule(ev, 100);
+}
+
+void TestStress() {
+  Scheduler s;
+  const int64_t credit = 1000;
+  s.Configure(credit, true);
+  s.SetTracing(true);
+  const int kSubmitters = 4, kPerThread = 2000, kCompleters = 3;
+  const int kTotal = kSubmitters * kPerThread;
+  std::mutex mu;
+  std::condition_variable cv;
+  std::deque<std::string> to_complete;
+  std::vector<std::atomic<int>> release_count(kTotal);
+  for (auto& c : release_count) c = 0;
+  std::atomic<int> completed{0};
+
+  auto release_cb = [&](int id, const std::string& name, bool inline_complete) {
+    return [&, id, name, inline_complete]() {
+      release_count[id]++;
+      if (inline_complete) {
+        s.Complete(name);
+        completed++;
+      } else {
+        std::lock_guard<std::mutex> l(mu);
+        to_complete.push_back(name);
+        cv.notify_one();
+      }
+    };
+  };
+  std::vector<std::thread> threads;
+  for (int t = 0; t < kSubmitters; ++t) {
+    threads.emplace_back([&, t]() {
+      std::mt19937 rng(100 + t);
+      for (int i = 0; i < kPerThread; ++i) {
+        int id = t * kPerThread + i;
+        std::string name = "s" + std::to_string(id);
+        int64_t bytes = rng() % 1500;  // some larger than the credit
+        bool inline_complete = rng() % 8 == 0;
+        s.Submit(name, rng() % 10, bytes, release_cb(id, name, inline_complete));
+        if (rng() % 16 == 0) std::this_thread::yield();
+      }
+    });
+  }
+  for (int t = 0; t < kCompleters; ++t) {
+    threads.emplace_back([&]() {
+      std::mt19937 rng(7);
+      while (completed.load() < kTotal) {
+        std::string n;
+        {
+          std::unique_lock<std::mutex> l(mu);
+          if (!cv.wait_for(l, std::chrono::milliseconds(5),
+                           [&] { return !to_complete.empty(); }))
+            continue;
+          // complete in a random-ish order
+          size_t k = rng() % to_complete.size();
+          n = to_complete[k];
+          to_complete.erase(to_complete.begin() + k);
+        }
+        s.Complete(n);
+        completed++;
+      }
+    });
+  }
+  for (auto& th : threads) th.join();
+  for (int i = 0; i < kTotal; ++i) CHECK_EQ(release_count[i].load(), 1);
+  Stats st = s.GetStats();
+  CHECK_EQ(st.submitted, int64_t(kTotal));
+  CHECK_EQ(st.released, int64_t(kTotal));
+  CHECK_EQ(st.completed, int64_t(kTotal));
+  CHECK_EQ(st.queued, int64_t(0));
+  CHECK_EQ(st.inflight_bytes, int64_t(0));
+  CHECK_EQ(st.inflight_chunks, int64_t(0));
+  CHECK_EQ(st.unknown_completions, int64_t(0));
+  CHECK(st.max_inflight_bytes <= 1500);
+  auto ev = s.DrainEvents();
+  CHECK_EQ(ev.size(), size_t(3 * kTotal));
+  CheckTraceRule(ev, credit);
+}
+
+}  // namespace
+
+int main() {
+  struct {
+    const char* name;
+    void (*fn)();
+  } tests[] = {
+      {"ordering", TestOrdering},
+      {"credit", TestCredit},
+      {"oversize_alone", TestOversizeAlone},
+      {"strict_no_bypass", TestStrictNoBypass},
+      {"pass_through", TestPassThrough},
+      {"unknown_completion", TestUnknownCompletion},
+      {"duplicate_names", TestDuplicateNames},
+      {"config_errors_and_reset", TestConfigErrorsAndReset},
+      {"event_bound", TestEventBound},
+      {"callback_reentry", TestCallbackReentry},
+      {"external_grant", TestExternalGrant},
+      {"stress", TestStress},
+  };
+  for (auto& t : tests) {
+    t.fn();
+    std::printf("PASS %s\n", t.name);
+  }
+  std::printf("ALL PASSED\n");
+  return 0;
+}
