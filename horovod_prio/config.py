@@ -1,0 +1,457 @@
+"""Validated configuration: every knob of the method and of the scheduler.
+
+Pure Python; imports no TensorFlow.
+
+``PriorityConfig(**kwargs)`` takes each field from the keyword argument if
+given, else from the environment variable ``HOROVOD_PRIO_<FIELD_UPPER>``
+(``trace_path`` reads ``HOROVOD_PRIO_TRACE``), else the default. The
+environment is read once, at construction; an empty (or all-blank) variable
+counts as unset. ``PriorityConfig.from_env(environ, **overrides)`` does the
+same against an explicit mapping (for tests).
+
+Every bad value raises ``ValueError`` naming the field and its environment
+variable, e.g.::
+
+    PriorityConfig.num_groups must be an integer >= 1, got 'abc' (from env HOROVOD_PRIO_NUM_GROUPS)
+
+Unknown ``HOROVOD_PRIO_*`` variables are reported with a warning on the
+``horovod_prio`` logger (they are usually typos). Components that legitimately
+read another ``HOROVOD_PRIO_*`` variable can declare it with
+:func:`register_env_var`; ``HOROVOD_PRIO_CACHE`` (installer) and every
+``HOROVOD_PRIO_TEST_*`` (test suite) are pre-declared.
+
+==================== ============================= ========= =========================
+field                env var                       default   rule
+==================== ============================= ========= =========================
+enabled              HOROVOD_PRIO_ENABLED          True      1/0/true/false/yes/no/on/off
+num_groups           HOROVOD_PRIO_NUM_GROUPS       4         int >= 1 (binding clamps to #layers)
+ratio_threshold      HOROVOD_PRIO_RATIO_THRESHOLD  2.0       float > 0
+scene                HOROVOD_PRIO_SCENE            "first"   "first" | "tail"
+coefficient          HOROVOD_PRIO_COEFFICIENT      None      seconds, >= 0
+relative_coefficient HOROVOD_PRIO_RELATIVE_...     None      >= 0; 0.1 if neither given
+count_threshold      HOROVOD_PRIO_COUNT_THRESHOLD  20        int >= 0
+adjust_groups        HOROVOD_PRIO_ADJUST_GROUPS    1         int >= 1, <= num_groups
+step                 HOROVOD_PRIO_STEP             1         int >= 1
+max_boost            HOROVOD_PRIO_MAX_BOOST        4         int >= 0
+warmup_batches       HOROVOD_PRIO_WARMUP_BATCHES   2         int >= 0
+partition_bytes      HOROVOD_PRIO_PARTITION_BYTES  4 MiB     bytes >= 1024
+credit_bytes         HOROVOD_PRIO_CREDIT_BYTES     8 MiB     bytes >= 1024
+trace_path           HOROVOD_PRIO_TRACE            None      path
+arbiter              HOROVOD_PRIO_ARBITER          None      "host:port", port 1..65535
+link                 HOROVOD_PRIO_LINK             None      non-empty string
+job_id               HOROVOD_PRIO_JOB_ID           None      non-empty string
+arbiter_secret       HOROVOD_PRIO_ARBITER_SECRET   None      non-empty string (hidden in repr)
+arbiter_timeout      HOROVOD_PRIO_ARBITER_TIMEOUT  0.05      seconds, > 0
+==================== ============================= ========= =========================
+
+Notes:
+
+* ``coefficient`` / ``relative_coefficient`` are one choice (the slack of the
+  time threshold, claim 1). If either is given as a (non-``None``) keyword
+  argument, the keyword arguments decide the pair and the environment is not
+  consulted for it; otherwise the environment decides. Both given in the same
+  place is an error naming both fields; neither given anywhere means
+  ``relative_coefficient = 0.1``.
+* Byte sizes accept an ``int`` or a string with an optional suffix:
+  ``B``; ``KB``/``MB``/``GB`` (powers of 1000); ``K``/``M``/``G`` and
+  ``KiB``/``MiB``/``GiB`` (powers of 1024). Case-insensitive. ``"4MiB"`` ->
+  4194304, ``"1MB"`` -> 1000000.
+* ``credit_bytes`` is the most gradient bytes the scheduler lets be in flight.
+  It need not be >= ``partition_bytes``: a chunk bigger than the credit still
+  goes out, alone, when nothing else is in flight.
+"""
+from __future__ import annotations
+
+import difflib
+import logging
+import math
+import numbers
+import os
+import re
+from dataclasses import dataclass, field, fields
+from typing import Any, Callable, Dict, Mapping, Optional, Tuple
+
+from .policy import AdaptivePriorityPolicy
+from .sequence import SCENES, base_priorities, partition_groups
+
+__all__ = ["PriorityConfig", "ENV_PREFIX", "DEFAULT_RELATIVE_COEFFICIENT", "parse_bytes",
+           "register_env_var"]
+
+logger = logging.getLogger("horovod_prio")
+
+ENV_PREFIX = "HOROVOD_PRIO_"
+DEFAULT_RELATIVE_COEFFICIENT = 0.1
+_ENV_OVERRIDES = {"trace_path": "HOROVOD_PRIO_TRACE"}
+# HOROVOD_PRIO_* variables read elsewhere (not config knobs): never "unknown".
+_EXTRA_ENV_VARS = {"HOROVOD_PRIO_CACHE"}          # tools/install.sh wheel cache
+_EXTRA_ENV_PREFIXES = ("HOROVOD_PRIO_TEST_",)     # test-suite switches
+_COEFF_PAIR = ("coefficient", "relative_coefficient")
+
+
+def register_env_var(name: str) -> None:
+    """Declare a ``HOROVOD_PRIO_*`` variable read outside ``PriorityConfig``
+    so that it is not reported as unknown."""
+    _EXTRA_ENV_VARS.add(str(name))
+
+
+class _Bad(Exception):
+    """Raised by a parser with the rule text; turned into a ValueError."""
+
+
+_TRUE = {"1", "true", "yes", "on", "y", "t"}
+_FALSE = {"0", "false", "no", "off", "n", "f"}
+
+
+def _p_bool(v):
+    rule = "a boolean (1/0/true/false/yes/no)"
+    if isinstance(v, bool):
+        return v
+    if isinstance(v, numbers.Integral) and v in (0, 1):
+        return bool(v)
+    if isinstance(v, str):
+        s = v.strip().lower()
+        if s in _TRUE:
+            return True
+        if s in _FALSE:
+            return False
+    raise _Bad(rule)
+
+
+def _int_parser(minimum: int):
+    rule = f"an integer >= {minimum}"
+
+    def parse(v):
+        if isinstance(v, bool):
+            raise _Bad(rule)
+        if isinstance(v, str):
+            try:
+                v = int(v.strip(), 10)
+            except ValueError:
+                raise _Bad(rule) from None
+        elif isinstance(v, numbers.Integral):
+            v = int(v)
+        elif isinstance(v, numbers.Real) and math.isfinite(v) and float(v).is_integer():
+            v = int(v)
+        else:
+            raise _Bad(rule)
+        if v < minimum:
+            raise _Bad(rule)
+        return v
+    return parse
+
+
+def _float_parser(minimum: float, strict: bool, unit: str = ""):
+    rule = f"a finite number {'>' if strict else '>='} {minimum:g}{unit}"
+
+    def parse(v):
+        if isinstance(v, bool):
+            raise _Bad(rule)
+        if isinstance(v, str):
+            try:
+                v = float(v.strip())
+            except ValueError:
+                raise _Bad(rule) from None
+        elif not isinstance(v, numbers.Real):
+            raise _Bad(rule)
+        v = float(v)
+        if not math.isfinite(v) or v < minimum or (strict and v == minimum):
+            raise _Bad(rule)
+        return v
+    return parse
+
+
+_SIZE_UNITS = {
+    "": 1, "b": 1,
+    "k": 1024, "kib": 1024, "m": 1024 ** 2, "mib": 1024 ** 2, "g": 1024 ** 3, "gib": 1024 ** 3,
+    "kb": 1000, "mb": 1000 ** 2, "gb": 1000 ** 3,
+}
+_SIZE_RE = re.compile(r"^\s*([0-9]+(?:\.[0-9]*)?|\.[0-9]+)\s*([a-zA-Z]*)\s*$")
+
+
+def parse_bytes(value) -> int:
+    """``4194304``, ``"4194304"``, ``"4MiB"``, ``"512KiB"``, ``"1MB"`` -> bytes (int).
+
+    Raises ``ValueError`` for anything else (negative, fractional bytes,
+    unknown suffix).
+    """
+    if isinstance(value, bool):
+        raise ValueError(f"not a byte size: {value!r}")
+    if isinstance(value, numbers.Integral):
+        if value < 0:
+            raise ValueError(f"not a byte size: {value!r}")
+        return int(value)
+    if isinstance(value, str):
+        m = _SIZE_RE.match(value)
+        if m and m.group(2).lower() in _SIZE_UNITS:
+            mult = _SIZE_UNITS[m.group(2).lower()]
+            num = m.group(1)
+            if "." in num:
+                from fractions import Fraction
+                total = Fraction(num) * mult
+                if total.denominator == 1:
+                    return int(total)
+            else:
+                return int(num) * mult
+    raise ValueError(f"not a byte size: {value!r}")
+
+
+def _bytes_parser(minimum: int):
+    rule = f"a byte size >= {minimum} (int or e.g. '4MiB', '512KiB', '1MB')"
+
+    def parse(v):
+        try:
+            n = parse_bytes(v)
+        except ValueError:
+            raise _Bad(rule) from None
+        if n < minimum:
+            raise _Bad(rule)
+        return n
+    return parse
+
+
+def _p_scene(v):
+    rule = "one of 'first', 'tail'"
+    if isinstance(v, str) and v.strip().lower() in SCENES:
+        return v.strip().lower()
+    raise _Bad(rule)
+
+
+def _opt_str(v):
+    if isinstance(v, os.PathLike):
+        v = os.fspath(v)
+    if isinstance(v, str) and v.strip():
+        return v.strip()
+    raise _Bad("a non-empty string")
+
+
+def _p_path(v):
+    if isinstance(v, os.PathLike):
+        v = os.fspath(v)
+    if isinstance(v, str) and v.strip():
+        return v.strip()
+    raise _Bad("a non-empty path string")
+
+
+def _p_arbiter(v):
+    rule = "'host:port' with port 1..65535"
+    if not isinstance(v, str):
+        raise _Bad(rule)
+    s = v.strip()
+    host, sep, port = s.rpartition(":")
+    if not sep or not host or not port.isdigit():
+        raise _Bad(rule)
+    if host.startswith("[") != host.endswith("]") or host in ("[]",):
+        raise _Bad(rule)
+    if not 1 <= int(port) <= 65535:
+        raise _Bad(rule)
+    return s
+
+
+# field name -> parser for non-None values
+_PARSERS: Dict[str, Callable[[Any], Any]] = {
+    "enabled": _p_bool,
+    "num_groups": _int_parser(1),
+    "ratio_threshold": _float_parser(0.0, strict=True),
+    "scene": _p_scene,
+    "coefficient": _float_parser(0.0, strict=False, unit=" (seconds)"),
+    "relative_coefficient": _float_parser(0.0, strict=False),
+    "count_threshold": _int_parser(0),
+    "adjust_groups": _int_parser(1),
+    "step": _int_parser(1),
+    "max_boost": _int_parser(0),
+    "warmup_batches": _int_parser(0),
+    "partition_bytes": _bytes_parser(1024),
+    "credit_bytes": _bytes_parser(1024),
+    "trace_path": _p_path,
+    "arbiter": _p_arbiter,
+    "link": _opt_str,
+    "job_id": _opt_str,
+    "arbiter_secret": _opt_str,
+    "arbiter_timeout": _float_parser(0.0, strict=True, unit=" (seconds)"),
+}
+# fields whose value may be None
+_OPTIONAL = {"coefficient", "relative_coefficient", "trace_path", "arbiter", "link", "job_id",
+             "arbiter_secret"}
+
+
+@dataclass(frozen=True, init=False)
+class PriorityConfig:
+    """All knobs, validated; see the module docstring for fields, env vars, rules.
+
+    Construct with keyword arguments only: ``PriorityConfig(num_groups=3)``;
+    fields not given come from ``HOROVOD_PRIO_*`` (read once, now) or defaults.
+    Unknown keyword arguments raise ``TypeError`` naming them.
+    """
+
+    enabled: bool = True
+    num_groups: int = 4
+    ratio_threshold: float = 2.0
+    scene: str = "first"
+    coefficient: Optional[float] = None
+    relative_coefficient: Optional[float] = None
+    count_threshold: int = 20
+    adjust_groups: int = 1
+    step: int = 1
+    max_boost: int = 4
+    warmup_batches: int = 2
+    partition_bytes: int = 4 * 1024 * 1024
+    credit_bytes: int = 8 * 1024 * 1024
+    trace_path: Optional[str] = None
+    arbiter: Optional[str] = None
+    link: Optional[str] = None
+    job_id: Optional[str] = None
+    arbiter_secret: Optional[str] = field(default=None, repr=False)
+    arbiter_timeout: float = 0.05
+
+    def __init__(self, **kwargs: Any) -> None:
+        self._build(kwargs, os.environ)
+
+    @classmethod
+    def from_env(cls, environ: Optional[Mapping[str, str]] = None,
+                 **overrides: Any) -> "PriorityConfig":
+        """Build from ``environ`` (default ``os.environ``) plus keyword ``overrides``."""
+        obj = cls.__new__(cls)
+        obj._build(overrides, os.environ if environ is None else environ)
+        return obj
+
+    # ---------------------------------------------------------------- helpers
+    @staticmethod
+    def env_var(field_name: str) -> str:
+        """The environment variable of ``field_name`` (``ValueError`` if unknown)."""
+        if field_name not in _PARSERS:
+            raise ValueError(f"PriorityConfig has no field {field_name!r}")
+        return _ENV_OVERRIDES.get(field_name, ENV_PREFIX + field_name.upper())
+
+    @classmethod
+    def field_names(cls) -> Tuple[str, ...]:
+        return tuple(f.name for f in fields(cls))
+
+    def as_dict(self, redact_secrets: bool = False) -> Dict[str, Any]:
+        """``{field: value}``; ``redact_secrets=True`` replaces a set
+        ``arbiter_secret`` with ``'***'``."""
+        d = {f.name: getattr(self, f.name) for f in fields(self)}
+        if redact_secrets and d["arbiter_secret"] is not None:
+            d["arbiter_secret"] = "***"
+        return d
+
+    def make_policy(self, num_groups: int, **overrides: Any) -> AdaptivePriorityPolicy:
+        """An :class:`AdaptivePriorityPolicy` over ``base_priorities(num_groups)``
+        with this config's knobs; ``adjust_groups`` is clamped to ``num_groups``
+        (``num_groups`` is the effective count, e.g. clamped to the layers).
+        ``overrides`` go to the policy constructor (e.g. ``max_events``)."""
+        base = base_priorities(num_groups)
+        kwargs = dict(
+            coefficient=self.coefficient,
+            relative_coefficient=self.relative_coefficient,
+            count_threshold=self.count_threshold,
+            adjust_groups=min(self.adjust_groups, len(base)),
+            step=self.step,
+            max_boost=self.max_boost,
+            warmup_batches=self.warmup_batches,
+        )
+        kwargs.update(overrides)
+        return AdaptivePriorityPolicy(base, **kwargs)
+
+    def effective_num_groups(self, num_tasks: int) -> int:
+        """``min(num_groups, num_tasks)`` - the clamp the binding applies."""
+        if isinstance(num_tasks, bool) or not isinstance(num_tasks, numbers.Integral) \
+                or num_tasks < 1:
+            raise ValueError(f"num_tasks must be an integer >= 1, got {num_tasks!r}")
+        return min(self.num_groups, int(num_tasks))
+
+    def make_groups(self, num_tasks: int):
+        """:func:`partition_groups` of ``num_tasks`` tasks with this config
+        (``num_groups`` clamped to ``num_tasks``)."""
+        return partition_groups(num_tasks, self.effective_num_groups(num_tasks),
+                                self.ratio_threshold, self.scene)
+
+    # ----------------------------------------------------------------- build
+    def _build(self, kwargs: Dict[str, Any], environ: Mapping[str, str]) -> None:
+        names = self.field_names()
+        unknown = [k for k in kwargs if k not in names]
+        if unknown:
+            raise TypeError(
+                f"PriorityConfig got unexpected keyword argument(s): {', '.join(unknown)} "
+                f"(fields: {', '.join(names)})")
+        defaults = {f.name: f.default for f in fields(self)}
+        env_vars = {n: self.env_var(n) for n in names}
+
+        def env_value(name):
+            raw = environ.get(env_vars[name])
+            if raw is None or not str(raw).strip():
+                return None
+            return raw
+
+        known_env = set(env_vars.values()) | _EXTRA_ENV_VARS
+        stray = sorted(k for k in environ if k.startswith(ENV_PREFIX) and k not in known_env
+                       and not k.startswith(_EXTRA_ENV_PREFIXES))
+        if stray:
+            hints = []
+            for k in stray:
+                close = difflib.get_close_matches(k, sorted(known_env), n=1)
+                hints.append(f"{k} (did you mean {close[0]}?)" if close else k)
+            logger.warning("unknown HOROVOD_PRIO_* environment variable(s) ignored: %s",
+                           ", ".join(hints))
+
+        values: Dict[str, Any] = {}
+        sources: Dict[str, str] = {}
+
+        def take(name, raw, source):
+            if raw is None and name in _OPTIONAL:
+                values[name] = None
+            else:
+                try:
+                    values[name] = _PARSERS[name](raw)
+                except _Bad as exc:
+                    raise ValueError(
+                        f"PriorityConfig.{name} must be {exc}, got {raw!r} "
+                        f"({self._where(name, source)})") from None
+            sources[name] = source
+
+        for name in names:
+            if name in _COEFF_PAIR:
+                continue
+            if name in kwargs:
+                take(name, kwargs[name], "kwarg")
+            elif env_value(name) is not None:
+                take(name, env_value(name), "env")
+            else:
+                values[name] = defaults[name]
+                sources[name] = "default"
+
+        # the threshold slack pair
+        if any(kwargs.get(n) is not None for n in _COEFF_PAIR):
+            pair_src, raw = "kwarg", {n: kwargs.get(n) for n in _COEFF_PAIR}
+        else:
+            pair_src, raw = "env", {n: env_value(n) for n in _COEFF_PAIR}
+        for n in _COEFF_PAIR:
+            take(n, raw[n], pair_src if raw[n] is not None else "default")
+        if values["coefficient"] is not None and values["relative_coefficient"] is not None:
+            raise ValueError(
+                "PriorityConfig.coefficient and PriorityConfig.relative_coefficient are "
+                "mutually exclusive; give only one, got coefficient="
+                f"{raw['coefficient']!r}, relative_coefficient={raw['relative_coefficient']!r} "
+                f"({self._where('coefficient', pair_src)}; "
+                f"{self._where('relative_coefficient', pair_src)})")
+        if values["coefficient"] is None and values["relative_coefficient"] is None:
+            values["relative_coefficient"] = DEFAULT_RELATIVE_COEFFICIENT
+
+        # cross-field rules
+        if values["adjust_groups"] > values["num_groups"]:
+            raise ValueError(
+                f"PriorityConfig.adjust_groups must be <= PriorityConfig.num_groups "
+                f"({values['num_groups']}, {self._where('num_groups', sources['num_groups'])}), "
+                f"got {values['adjust_groups']!r} "
+                f"({self._where('adjust_groups', sources['adjust_groups'])})")
+
+        for name in names:
+            object.__setattr__(self, name, values[name])
+
+    @classmethod
+    def _where(cls, name: str, source: str) -> str:
+        var = cls.env_var(name)
+        if source == "env":
+            return f"from env {var}"
+        if source == "kwarg":
+            return f"from keyword argument; env var {var}"
+        return f"default; env var {var}"

@@ -1,0 +1,357 @@
+"""Unit tests for horovod_prio.policy (pure Python)."""
+import collections
+import dataclasses
+import math
+
+import pytest
+
+from horovod_prio.policy import EVENT_KINDS, AdaptivePriorityPolicy, PolicyEvent
+
+
+def make(**kw):
+    args = dict(coefficient=0.5, count_threshold=2, max_boost=3, warmup_batches=0)
+    args.update(kw)
+    base = args.pop("base", [0, 1, 2, 3])
+    return AdaptivePriorityPolicy(base, **args)
+
+
+# ------------------------------------------------------------------ initial state
+def test_initial_state():
+    p = make()
+    assert p.min_batch_time is None
+    assert p.threshold is None
+    assert p.count == 0
+    assert p.boost == 0
+    assert p.batches == 0
+    assert p.priorities == (0, 1, 2, 3)
+    assert p.last_event is None
+    assert isinstance(p.events, collections.deque) and p.events.maxlen == 10000
+    assert p.base_priorities == (0, 1, 2, 3) and p.num_groups == 4
+
+
+def test_knob_properties():
+    p = make(adjust_groups=2, step=3, max_boost=5, warmup_batches=4, count_threshold=7)
+    assert (p.coefficient, p.relative_coefficient) == (0.5, None)
+    assert (p.adjust_groups, p.step, p.max_boost, p.warmup_batches, p.count_threshold) == \
+        (2, 3, 5, 4, 7)
+
+
+def test_required_keywords():
+    with pytest.raises(TypeError):
+        AdaptivePriorityPolicy([0, 1], coefficient=0.1, max_boost=1)  # no count_threshold
+    with pytest.raises(TypeError):
+        AdaptivePriorityPolicy([0, 1], coefficient=0.1, count_threshold=1)  # no max_boost
+    with pytest.raises(TypeError):
+        AdaptivePriorityPolicy([0, 1], 0.1, count_threshold=1, max_boost=1)  # keyword-only
+
+
+# ----------------------------------------------------------------- threshold
+def test_threshold_absolute():
+    p = make(coefficient=0.25)
+    p.after_batch(1.0)
+    assert p.threshold == pytest.approx(1.25)
+
+
+def test_threshold_relative():
+    p = make(coefficient=None, relative_coefficient=0.1)
+    p.after_batch(2.0)
+    assert p.threshold == pytest.approx(2.2)
+    assert p.relative_coefficient == 0.1 and p.coefficient is None
+
+
+def test_threshold_follows_new_min():
+    p = make(coefficient=0.5)
+    p.after_batch(2.0)
+    p.after_batch(1.0)
+    assert p.min_batch_time == 1.0 and p.threshold == 1.5
+
+
+# ---------------------------------------------------------------- after_batch
+def test_after_batch_outcomes_sequence():
+    p = make(coefficient=0.5, count_threshold=100)
+    assert p.after_batch(1.0) == "new_min"
+    assert (p.min_batch_time, p.count, p.boost) == (1.0, 1, 0)
+    assert p.after_batch(1.2) == "within"
+    assert (p.min_batch_time, p.count, p.boost) == (1.0, 2, 0)
+    assert p.after_batch(1.0) == "within"          # == min is not a new min
+    assert p.count == 3
+    assert p.after_batch(1.5) == "slow"            # == threshold is slow
+    assert (p.min_batch_time, p.count, p.boost) == (1.0, 3, 1)
+    assert p.after_batch(9.0) == "slow"
+    assert p.boost == 2 and p.count == 3
+    assert p.after_batch(0.5) == "new_min"
+    assert (p.min_batch_time, p.count, p.boost) == (0.5, 4, 2)
+
+
+def test_first_measured_batch_sets_min():
+    p = make(warmup_batches=0)
+    assert p.after_batch(3.0) == "new_min"
+    assert p.min_batch_time == 3.0 and p.count == 1
+
+
+def test_zero_seconds_is_valid():
+    p = make()
+    assert p.after_batch(0) == "new_min"
+    assert p.min_batch_time == 0.0
+
+
+def test_boost_capped_at_max_boost():
+    p = make(max_boost=2, count_threshold=100)
+    p.after_batch(1.0)
+    for _ in range(5):
+        assert p.after_batch(10.0) == "slow"
+    assert p.boost == 2
+
+
+def test_max_boost_zero_never_boosts():
+    p = make(max_boost=0)
+    p.after_batch(1.0)
+    assert p.after_batch(10.0) == "slow"
+    assert p.boost == 0 and p.priorities == (0, 1, 2, 3)
+
+
+def test_warmup_changes_nothing():
+    p = make(warmup_batches=2)
+    assert p.after_batch(5.0) == "warmup"
+    assert p.after_batch(0.1) == "warmup"
+    assert (p.min_batch_time, p.count, p.boost, p.batches) == (None, 0, 0, 2)
+    assert p.after_batch(3.0) == "new_min"
+    assert p.min_batch_time == 3.0
+
+
+def test_warmup_zero():
+    p = make(warmup_batches=0)
+    assert p.after_batch(1.0) == "new_min"
+
+
+def test_default_warmup_is_one():
+    p = AdaptivePriorityPolicy([0, 1], coefficient=0.1, count_threshold=1, max_boost=1)
+    assert p.warmup_batches == 1
+    assert p.after_batch(1.0) == "warmup"
+    assert p.after_batch(1.0) == "new_min"
+
+
+@pytest.mark.parametrize("bad", [-0.001, float("nan"), float("inf"), -float("inf"), "1.0",
+                                 None, True])
+def test_after_batch_rejects_bad_seconds(bad):
+    p = make()
+    p.after_batch(1.0)
+    before = p.state()
+    with pytest.raises(ValueError, match="seconds"):
+        p.after_batch(bad)
+    assert p.state() == before
+    assert len(p.events) == 1
+
+
+def test_after_batch_accepts_int():
+    p = make()
+    assert p.after_batch(2) == "new_min"
+    assert isinstance(p.min_batch_time, float)
+
+
+# ---------------------------------------------------------------- before_batch
+def test_before_batch_decay():
+    p = make(count_threshold=2, max_boost=3)
+    p.after_batch(1.0)
+    p.after_batch(9.0)   # slow -> boost 1
+    assert p.boost == 1
+    p.after_batch(1.1)   # within, count 2
+    assert p.before_batch() is False  # 2 == threshold: no decay
+    p.after_batch(1.1)   # count 3
+    assert p.before_batch() is True
+    assert p.count == 0 and p.boost == 0
+    assert p.before_batch() is False
+
+
+def test_decay_floor_zero_still_resets_count():
+    p = make(count_threshold=0)
+    p.after_batch(1.0)
+    assert p.boost == 0 and p.count == 1
+    assert p.before_batch() is True
+    assert p.boost == 0 and p.count == 0
+
+
+def test_before_batch_without_any_batch():
+    p = make(count_threshold=0)
+    assert p.before_batch() is False
+
+
+# ---------------------------------------------------------------- priorities
+def test_priorities_adjust_last_groups_by_step():
+    p = make(adjust_groups=2, step=10, max_boost=3, count_threshold=100)
+    p.after_batch(1.0)
+    p.after_batch(5.0)
+    assert p.priorities == (0, 1, 12, 13)
+    p.after_batch(5.0)
+    assert p.priorities == (0, 1, 22, 23)
+
+
+def test_priorities_all_groups():
+    p = make(base=[0, 5], adjust_groups=2, step=1)
+    p.after_batch(1.0)
+    p.after_batch(5.0)
+    assert p.priorities == (1, 6)
+
+
+def test_priorities_is_tuple_of_ints():
+    p = make()
+    assert isinstance(p.priorities, tuple)
+    assert all(type(x) is int for x in p.priorities)
+
+
+# --------------------------------------------------------------------- events
+def test_events_recorded_for_every_decision():
+    p = make(warmup_batches=1, count_threshold=1, coefficient=0.5)
+    p.after_batch(7.0)       # warmup
+    p.after_batch(1.0)       # new_min
+    p.after_batch(1.2)       # within
+    p.after_batch(2.0)       # slow
+    assert p.before_batch()  # decay (count 2 > 1)
+    kinds = [e.kind for e in p.events]
+    assert kinds == ["warmup", "new_min", "within", "slow", "decay"]
+    assert set(kinds) == set(EVENT_KINDS)
+    e = p.events[3]
+    assert e == PolicyEvent(kind="slow", batch=3, seconds=2.0, min_batch_time=1.0,
+                            threshold=1.5, count=2, boost=1, priorities=(0, 1, 2, 4))
+    d = p.events[4]
+    assert (d.kind, d.batch, d.seconds, d.count, d.boost, d.priorities) == \
+        ("decay", 4, None, 0, 0, (0, 1, 2, 3))
+    assert p.last_event is d
+    w = p.events[0]
+    assert (w.seconds, w.min_batch_time, w.threshold, w.batch) == (7.0, None, None, 0)
+
+
+def test_event_is_frozen():
+    p = make()
+    p.after_batch(1.0)
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        p.last_event.kind = "slow"
+    assert p.last_event.as_dict()["kind"] == "new_min"
+
+
+def test_events_bounded():
+    p = make(max_events=3, count_threshold=1000)
+    for i in range(10):
+        p.after_batch(1.0 + i)
+    assert len(p.events) == 3 and p.events.maxlen == 3
+    assert [e.batch for e in p.events] == [7, 8, 9]
+    assert p.last_event.batch == 9
+
+
+def test_max_events_zero_keeps_last_event():
+    p = make(max_events=0)
+    p.after_batch(1.0)
+    assert len(p.events) == 0 and p.last_event.kind == "new_min"
+
+
+def test_listeners():
+    p = make(count_threshold=0)
+    seen, seen2 = [], []
+    assert p.add_listener(seen.append) == seen.append
+    p.add_listener(seen2.append)
+    p.after_batch(1.0)
+    p.before_batch()
+    assert [e.kind for e in seen] == ["new_min", "decay"]
+    assert seen == seen2 == list(p.events)
+    p.remove_listener(seen2.append)
+    p.after_batch(1.0)
+    assert len(seen) == 3 and len(seen2) == 2
+    with pytest.raises(ValueError, match="fn"):
+        p.add_listener(42)
+
+
+def test_listener_sees_updated_state():
+    p = make()
+    got = []
+    p.add_listener(lambda e: got.append((e.kind, p.min_batch_time, p.count)))
+    p.after_batch(2.0)
+    assert got == [("new_min", 2.0, 1)]
+
+
+# ------------------------------------------------------------ state / reset
+def test_state_and_reset():
+    p = make(count_threshold=100)
+    p.after_batch(1.0)
+    p.after_batch(9.0)
+    st = p.state()
+    assert st == {"min_batch_time": 1.0, "count": 1, "boost": 1, "batches": 2,
+                  "threshold": 1.5, "priorities": [0, 1, 2, 4]}
+    p.reset()
+    fresh = make(count_threshold=100)
+    assert p.state() == fresh.state()
+    assert len(p.events) == 2  # the log is kept
+
+
+def test_reset_restarts_warmup():
+    p = make(warmup_batches=1)
+    p.after_batch(1.0)
+    p.after_batch(1.0)
+    p.reset()
+    assert p.after_batch(1.0) == "warmup"
+
+
+def test_load_state_roundtrip():
+    a = make(count_threshold=100)
+    a.after_batch(1.0)
+    a.after_batch(9.0)
+    b = make(count_threshold=100)
+    b.load_state(a.state())
+    assert b.state() == a.state()
+    with pytest.raises(ValueError, match="boost"):
+        b.load_state(dict(a.state(), boost=99))
+
+
+# ----------------------------------------------------------------- validation
+@pytest.mark.parametrize("kwargs,name", [
+    (dict(base=[]), "base_priorities"),
+    (dict(base=None), "base_priorities"),
+    (dict(base=[0, 0]), "base_priorities"),
+    (dict(base=[2, 1]), "base_priorities"),
+    (dict(base=[0, 1.5]), "base_priorities"),
+    (dict(base=[0, True]), "base_priorities"),
+    (dict(coefficient=None), "relative_coefficient"),          # neither
+    (dict(coefficient=0.1, relative_coefficient=0.1), "coefficient"),  # both
+    (dict(coefficient=-0.1), "coefficient"),
+    (dict(coefficient=float("nan")), "coefficient"),
+    (dict(coefficient="0.1"), "coefficient"),
+    (dict(coefficient=None, relative_coefficient=-1), "relative_coefficient"),
+    (dict(coefficient=None, relative_coefficient=float("inf")), "relative_coefficient"),
+    (dict(count_threshold=-1), "count_threshold"),
+    (dict(count_threshold=2.0), "count_threshold"),
+    (dict(count_threshold=True), "count_threshold"),
+    (dict(count_threshold=None), "count_threshold"),
+    (dict(adjust_groups=0), "adjust_groups"),
+    (dict(adjust_groups=5), "adjust_groups"),
+    (dict(adjust_groups=1.0), "adjust_groups"),
+    (dict(step=0), "step"),
+    (dict(step=1.5), "step"),
+    (dict(max_boost=-1), "max_boost"),
+    (dict(max_boost=None), "max_boost"),
+    (dict(warmup_batches=-1), "warmup_batches"),
+    (dict(warmup_batches=0.5), "warmup_batches"),
+    (dict(max_events=-1), "max_events"),
+])
+def test_constructor_errors_name_the_argument(kwargs, name):
+    with pytest.raises(ValueError, match=name):
+        make(**kwargs)
+
+
+def test_both_coefficients_error_names_both():
+    with pytest.raises(ValueError) as ei:
+        make(coefficient=0.1, relative_coefficient=0.2)
+    assert "coefficient" in str(ei.value) and "relative_coefficient" in str(ei.value)
+
+
+def test_base_priorities_any_strictly_increasing_ints():
+    p = make(base=(-5, 0, 100), adjust_groups=1, step=2)
+    assert p.priorities == (-5, 0, 100)
+    p.after_batch(1.0)
+    p.after_batch(2.0)
+    assert p.priorities == (-5, 0, 102)
+
+
+def test_repr_mentions_state():
+    p = make()
+    p.after_batch(1.0)
+    r = repr(p)
+    assert "AdaptivePriorityPolicy" in r and "min=1.0" in r and not math.isnan(p.min_batch_time)
