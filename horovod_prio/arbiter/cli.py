@@ -1,0 +1,153 @@
+"""``horovod-prio arbiter``: run the link arbiter, or print its stats.
+
+    horovod-prio arbiter --bind HOST:PORT [--secret-file F] [--credit-bytes N]
+                         [--link-credit LINK=N ...] [--lease-seconds S]
+                         [--starvation-bound K] [--log-level LEVEL]
+    horovod-prio arbiter --stats HOST:PORT [--secret-file F]
+
+The secret comes from ``--secret-file`` (whole file, surrounding whitespace
+stripped) or else the environment variable ``HOROVOD_PRIO_ARBITER_SECRET``.
+"""
+import argparse
+import json
+import logging
+import os
+import signal
+import sys
+
+SECRET_ENV = "HOROVOD_PRIO_ARBITER_SECRET"
+
+
+def _size(text):
+    t = text.strip().lower()
+    mult = 1
+    for suffix, m in (("kib", 1 << 10), ("mib", 1 << 20), ("gib", 1 << 30),
+                      ("k", 1 << 10), ("m", 1 << 20), ("g", 1 << 30)):
+        if t.endswith(suffix):
+            t, mult = t[:-len(suffix)], m
+            break
+    try:
+        v = int(float(t) * mult)
+    except ValueError:
+        raise argparse.ArgumentTypeError("expected a byte count like 8388608 or 8MiB, got %r" % text)
+    if v < 1:
+        raise argparse.ArgumentTypeError("byte count must be >= 1, got %r" % text)
+    return v
+
+
+def _link_credit(text):
+    name, sep, val = text.partition("=")
+    if not sep or not name:
+        raise argparse.ArgumentTypeError("--link-credit expects LINK=BYTES, got %r" % text)
+    return name, _size(val)
+
+
+def _positive(text):
+    try:
+        v = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError("expected seconds > 0, got %r" % text)
+    if not v > 0:
+        raise argparse.ArgumentTypeError("expected seconds > 0, got %r" % text)
+    return v
+
+
+def _nonneg_int(text):
+    try:
+        v = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError("expected an integer >= 0, got %r" % text)
+    if v < 0:
+        raise argparse.ArgumentTypeError("expected an integer >= 0, got %r" % text)
+    return v
+
+
+def build_parser():
+    p = argparse.ArgumentParser(prog="horovod-prio arbiter",
+                                description="Cross-job link arbiter for jobs sharing a bottleneck link.")
+    mode = p.add_mutually_exclusive_group(required=True)
+    mode.add_argument("--bind", metavar="HOST:PORT", help="serve on this address (port 0 = any free port)")
+    mode.add_argument("--stats", metavar="HOST:PORT", help="print a running arbiter's counters as JSON")
+    p.add_argument("--secret-file", metavar="F",
+                   help="file holding the shared secret (default: env %s)" % SECRET_ENV)
+    p.add_argument("--credit-bytes", type=_size, default=16 << 20, metavar="N",
+                   help="granted-but-unfinished bytes allowed per link (default 16MiB)")
+    p.add_argument("--link-credit", type=_link_credit, action="append", default=[], metavar="LINK=N",
+                   help="credit for one link (repeatable)")
+    p.add_argument("--lease-seconds", type=_positive, default=10.0, metavar="S",
+                   help="a grant not completed within S seconds expires (default 10)")
+    p.add_argument("--starvation-bound", type=_nonneg_int, default=8, metavar="K",
+                   help="a request passed over K times is granted next (default 8; 0 = off)")
+    p.add_argument("--timeout", type=_positive, default=2.0, help="--stats: seconds to wait (default 2)")
+    p.add_argument("--log-level", default="INFO",
+                   choices=["DEBUG", "INFO", "WARNING", "ERROR", "debug", "info", "warning", "error"])
+    return p
+
+
+def _secret(args):
+    if args.secret_file:
+        try:
+            with open(args.secret_file, "rb") as f:
+                s = f.read().strip()
+        except OSError as e:
+            raise SystemExit("horovod-prio arbiter: cannot read --secret-file %r: %s"
+                             % (args.secret_file, e.strerror))
+        if not s:
+            raise SystemExit("horovod-prio arbiter: --secret-file %r is empty" % args.secret_file)
+        return s
+    s = os.environ.get(SECRET_ENV, "").strip()
+    if not s:
+        raise SystemExit("horovod-prio arbiter: no shared secret: pass --secret-file F or set %s"
+                         % SECRET_ENV)
+    return s.encode("utf-8")
+
+
+def main(argv=None):
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(level=args.log_level.upper(), stream=sys.stderr,
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    from .client import fetch_stats, parse_address
+    try:
+        secret = _secret(args)
+        addr = parse_address(args.stats or args.bind) if (args.stats or not args.bind.endswith(":0")) \
+            else (args.bind.rpartition(":")[0].strip("[]"), 0)
+    except ValueError as e:
+        print("horovod-prio arbiter: %s" % e, file=sys.stderr)
+        return 2
+    except SystemExit as e:
+        print(e, file=sys.stderr)
+        return 2
+    if args.stats:
+        try:
+            stats = fetch_stats(addr, secret, timeout=args.timeout)
+        except Exception as e:
+            print("horovod-prio arbiter: stats from %s:%d failed: %s" % (addr[0], addr[1], e),
+                  file=sys.stderr)
+            return 1
+        print(json.dumps(stats, indent=2, sort_keys=True))
+        return 0
+
+    from .server import ArbiterServer
+    srv = ArbiterServer(addr[0], addr[1], secret, credit_bytes=args.credit_bytes,
+                        lease_seconds=args.lease_seconds, starvation_bound=args.starvation_bound,
+                        link_credits=dict(args.link_credit))
+    try:
+        host, port = srv.start()
+    except OSError as e:
+        print("horovod-prio arbiter: cannot bind %s:%d: %s" % (addr[0], addr[1], e), file=sys.stderr)
+        return 1
+    print("horovod-prio arbiter listening on %s:%d" % (host, port), flush=True)
+    done = []
+    import threading
+    ev = threading.Event()
+
+    def _stop(signum, frame):
+        done.append(signum)
+        ev.set()
+
+    signal.signal(signal.SIGTERM, _stop)
+    signal.signal(signal.SIGINT, _stop)
+    while not ev.is_set() and srv._thread.is_alive():
+        ev.wait(0.5)
+    srv.stop()
+    return 0 if done else 1

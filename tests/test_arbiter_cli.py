@@ -1,0 +1,136 @@
+"""``horovod-prio arbiter`` as a real process: serve, --stats, kill -9, restart."""
+import json
+import logging
+import os
+import re
+import signal
+import subprocess
+import sys
+import threading
+import time
+
+import pytest
+
+from horovod_prio.arbiter.client import ArbiterClient
+
+pytestmark = pytest.mark.timeout(40)
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+SECRET = "cli-test-secret"
+
+
+def _env(**extra):
+    env = dict(os.environ)
+    for k in list(env):
+        if k.startswith("HOROVOD_PRIO_"):
+            del env[k]
+    env["PYTHONPATH"] = ROOT + os.pathsep + env.get("PYTHONPATH", "")
+    env.update(extra)
+    return env
+
+
+def run_cli(*args, env=None, timeout=20):
+    return subprocess.run([sys.executable, "-m", "horovod_prio.cli", "arbiter", *args],
+                          capture_output=True, text=True, timeout=timeout,
+                          env=env if env is not None else _env())
+
+
+def start_arbiter(*args, env=None):
+    p = subprocess.Popen([sys.executable, "-m", "horovod_prio.cli", "arbiter", *args],
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                         env=env if env is not None else _env(HOROVOD_PRIO_ARBITER_SECRET=SECRET))
+    line = p.stdout.readline()
+    m = re.search(r"listening on ([\d.]+):(\d+)", line)
+    if not m:
+        p.kill()
+        raise AssertionError("arbiter did not start: %r %r" % (line, p.stderr.read()))
+    return p, (m.group(1), int(m.group(2)))
+
+
+def wait_until(pred, timeout=10.0):
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        if pred():
+            return True
+        time.sleep(0.01)
+    return pred()
+
+
+class Grants:
+    def __init__(self):
+        self.calls = []
+        self.lock = threading.Lock()
+
+    def __call__(self, chunk):
+        with self.lock:
+            self.calls.append(chunk)
+
+
+def test_cli_errors_are_clear(tmp_path):
+    r = run_cli("--bind", "127.0.0.1:0")
+    assert r.returncode == 2 and "HOROVOD_PRIO_ARBITER_SECRET" in r.stderr
+    r = run_cli("--bind", "127.0.0.1:0", "--secret-file", str(tmp_path / "missing"))
+    assert r.returncode == 2 and "--secret-file" in r.stderr
+    r = run_cli("--bind", "nonsense", env=_env(HOROVOD_PRIO_ARBITER_SECRET="x"))
+    assert r.returncode == 2 and "host:port" in r.stderr
+    r = run_cli("--bind", "127.0.0.1:0", "--credit-bytes", "lots", env=_env(HOROVOD_PRIO_ARBITER_SECRET="x"))
+    assert r.returncode == 2 and "credit-bytes" in r.stderr
+    r = run_cli("--bind", "127.0.0.1:0", "--lease-seconds", "0", env=_env(HOROVOD_PRIO_ARBITER_SECRET="x"))
+    assert r.returncode == 2 and "lease-seconds" in r.stderr
+    r = run_cli()
+    assert r.returncode == 2
+
+
+def test_cli_serves_reports_stats_and_survives_kill_restart(tmp_path, caplog):
+    secret_file = tmp_path / "secret"
+    secret_file.write_text(SECRET + "\n")
+    p, addr = start_arbiter("--bind", "127.0.0.1:0", "--secret-file", str(secret_file),
+                            "--credit-bytes", "1KiB", "--link-credit", "eth1=2KiB",
+                            "--lease-seconds", "5", "--starvation-bound", "4", "--log-level", "DEBUG",
+                            env=_env())
+    p2 = None
+    g = Grants()
+    c = ArbiterClient(addr, "eth1", "job-a", SECRET, g, timeout=0.2,
+                      backoff_initial=0.05, backoff_max=0.2)
+    try:
+        assert wait_until(lambda: c.connected)
+        c.request("c0", 3, 100)
+        assert wait_until(lambda: g.calls == ["c0"])
+
+        r = run_cli("--stats", "%s:%d" % addr, "--secret-file", str(secret_file), env=_env())
+        assert r.returncode == 0, r.stderr
+        st = json.loads(r.stdout)
+        link = st["links"]["eth1"]
+        assert link["grants"] == 1 and link["connected_jobs"] == 1 and link["credit_bytes"] == 2048
+        assert st["server"]["credit_bytes"] == 1024 and st["server"]["starvation_bound"] == 4
+        r = run_cli("--stats", "%s:%d" % addr, env=_env(HOROVOD_PRIO_ARBITER_SECRET="wrong"))
+        assert r.returncode == 1 and "failed" in r.stderr
+
+        with caplog.at_level(logging.WARNING, logger="horovod_prio.arbiter"):
+            p.send_signal(signal.SIGKILL)                # killed mid-run
+            p.wait(10)
+            c.request("c1", 3, 100)
+            assert wait_until(lambda: "c1" in g.calls)
+            assert not c.connected
+            p2, addr2 = start_arbiter("--bind", "%s:%d" % addr, "--log-level", "DEBUG")
+            assert addr2 == addr
+            assert wait_until(lambda: c.connected)
+            c.request("c2", 3, 100)
+            assert wait_until(lambda: "c2" in g.calls)
+        assert g.calls == ["c0", "c1", "c2"]
+        k = c.counters
+        assert k["arbiter_grants"] == 2 and k["fallback_grants"] == 1 and k["reconnects"] == 1
+        assert len([r for r in caplog.records if r.levelno == logging.WARNING]) == 1
+
+        r = run_cli("--stats", "%s:%d" % addr, env=_env(HOROVOD_PRIO_ARBITER_SECRET=SECRET))
+        assert json.loads(r.stdout)["links"]["eth1"]["grants"] == 1
+    finally:
+        c.close()
+        for proc in (p, p2):
+            if proc is not None and proc.poll() is None:
+                proc.send_signal(signal.SIGTERM)
+                assert proc.wait(10) == 0
+        err = p2.stderr.read() if p2 is not None else ""
+        if p2 is not None:
+            # debug log names the job of every grant
+            assert "grant link=eth1 job=job-a chunk=c2" in err

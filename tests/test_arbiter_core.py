@@ -1,0 +1,222 @@
+"""Grant policy of the link arbiter (horovod_prio.arbiter.core), no network."""
+import pytest
+
+from horovod_prio.arbiter.core import Arbiter
+
+pytestmark = pytest.mark.timeout(20)
+
+
+class Clock:
+    def __init__(self):
+        self.t = 1000.0
+
+    def __call__(self):
+        return self.t
+
+
+def mk(credit=100, lease=10.0, K=0, **kw):
+    clock = Clock()
+    return Arbiter(credit_bytes=credit, lease_seconds=lease, starvation_bound=K, clock=clock, **kw), clock
+
+
+def names(grants):
+    return [(r.job.job_id, r.chunk) for r in grants]
+
+
+def test_grant_order_across_jobs_by_priority():
+    a, _ = mk(credit=100)
+    A, B, C = (a.register(j, "L") for j in "ABC")
+    assert names(a.request(A, 1, 0, 100, "a0")) == [("A", "a0")]    # link free: at once
+    assert a.request(B, 1, 1, 100, "b-low") == []
+    assert a.request(C, 1, 9, 100, "c-high") == []
+    assert a.request(A, 2, 5, 100, "a-mid") == []
+    assert names(a.complete(A, 1)) == [("C", "c-high")]
+    assert names(a.complete(C, 1)) == [("A", "a-mid")]
+    assert names(a.complete(A, 2)) == [("B", "b-low")]
+    st = a.stats()["L"]
+    assert st["grants"] == 4 and st["waits"] == 3 and st["immediate_grants"] == 1
+    assert st["grants_per_job"] == {"A": 2, "B": 1, "C": 1}
+    assert st["connected_jobs"] == 3
+
+
+def test_negative_and_huge_priorities_share_one_scale():
+    a, _ = mk(credit=1)
+    A, B = a.register("A", "L"), a.register("B", "L")
+    a.request(A, 1, 0, 1, "hold")
+    a.request(A, 2, -5, 1, "neg")
+    a.request(B, 1, 2 ** 62, 1, "huge")
+    a.request(B, 2, 3, 1, "mid")
+    order = []
+    tok = {("A", "hold"): 1}
+    last = ("A", 1)
+    for _ in range(3):
+        job = A if last[0] == "A" else B
+        g = a.complete(job, last[1])
+        assert len(g) == 1
+        order.append(g[0].chunk)
+        last = (g[0].job.job_id, g[0].token)
+    assert order == ["huge", "mid", "neg"]
+    del tok
+
+
+def test_credit_limits_outstanding_bytes():
+    a, _ = mk(credit=250)
+    A, B = a.register("A", "L"), a.register("B", "L")
+    assert len(a.request(A, 1, 5, 100, "a1")) == 1
+    assert len(a.request(B, 1, 5, 100, "b1")) == 1
+    assert a.request(A, 2, 5, 100, "a2") == []          # 300 > 250
+    assert a.links["L"].outstanding_bytes == 200
+    assert names(a.complete(B, 1)) == [("A", "a2")]
+    assert a.links["L"].outstanding_bytes == 200
+
+
+def test_oversized_request_granted_alone():
+    a, _ = mk(credit=100)
+    A, B = a.register("A", "L"), a.register("B", "L")
+    assert len(a.request(A, 1, 5, 10, "small")) == 1
+    assert a.request(B, 1, 9, 1000, "big") == []          # something outstanding
+    assert a.request(A, 2, 1, 10, "small2") == []         # strict order: no overtaking the head
+    assert names(a.complete(A, 1)) == [("B", "big")]      # alone, 10x the credit
+    assert a.links["L"].outstanding_bytes == 1000
+    assert names(a.complete(B, 1)) == [("A", "small2")]
+
+
+def test_links_are_independent():
+    a, _ = mk(credit=100, link_credits={"fat": 1000})
+    A, B = a.register("A", "thin"), a.register("B", "fat")
+    assert len(a.request(A, 1, 0, 100, "x")) == 1
+    assert a.request(A, 2, 0, 100, "y") == []
+    for t in range(1, 11):
+        assert len(a.request(B, t, 0, 100, "z%d" % t)) == 1
+    assert a.request(B, 11, 0, 100, "z11") == []
+
+
+def test_equal_priorities_in_arrival_order():
+    a, _ = mk(credit=1)
+    jobs = [a.register("J%d" % i, "L") for i in range(4)]
+    a.request(jobs[0], 100, 0, 1, "hold")
+    arrivals = [(jobs[3], "3a"), (jobs[1], "1a"), (jobs[2], "2a"), (jobs[1], "1b"), (jobs[0], "0a")]
+    for tok, (j, c) in enumerate(arrivals, start=1):
+        assert a.request(j, tok, 7, 1, c) == []
+    got, cur = [], (jobs[0], 100)
+    for _ in arrivals:
+        g = a.complete(*cur)
+        assert len(g) == 1
+        got.append(g[0].chunk)
+        cur = (g[0].job, g[0].token)
+    assert got == ["3a", "1a", "2a", "1b", "0a"]
+
+
+def test_starvation_bound_grants_passed_over_request_next():
+    K = 3
+    a, _ = mk(credit=1, K=K)
+    low, high = a.register("low", "L"), a.register("high", "L")
+    a.request(high, 1, 50, 1, "h1")                 # holds the link
+    a.request(low, 1, 0, 1, "starving")
+    tok = 2
+    a.request(high, tok, 50, 1, "h%d" % tok)
+    cur = (high, 1)
+    order = []
+    for _ in range(K + 2):
+        tok += 1
+        a.request(high, tok, 50, 1, "h%d" % tok)     # always a later, more urgent request waiting
+        g = a.complete(*cur)
+        assert len(g) == 1
+        order.append(g[0].chunk)
+        cur = (g[0].job, g[0].token)
+    # passed over K times (h2, h3, h4), then granted regardless of priority
+    assert order[:K] == ["h2", "h3", "h4"]
+    assert order[K] == "starving"
+    assert a.stats()["L"]["starvation_grants"] == 1
+    assert order[K + 1] == "h5"
+
+
+def test_without_starvation_bound_low_priority_waits():
+    a, _ = mk(credit=1, K=0)
+    low, high = a.register("low", "L"), a.register("high", "L")
+    a.request(high, 1, 50, 1, "h1")
+    a.request(low, 1, 0, 1, "low")
+    cur = (high, 1)
+    for tok in range(2, 30):
+        a.request(high, tok, 50, 1, "h")
+        g = a.complete(*cur)
+        assert g[0].chunk == "h"
+        cur = (high, tok)
+    assert a.is_pending(low, 1)
+
+
+def test_starvation_only_counts_later_arrivals():
+    # FIFO among equal priority never counts as "passed over"
+    a, _ = mk(credit=1, K=1)
+    A = a.register("A", "L")
+    a.request(A, 1, 5, 1, "x1")
+    for t in range(2, 6):
+        a.request(A, t, 5, 1, "x%d" % t)
+    got = []
+    cur = 1
+    for _ in range(4):
+        g = a.complete(A, cur)
+        got.append(g[0].chunk)
+        cur = g[0].token
+    assert got == ["x2", "x3", "x4", "x5"]
+    assert a.stats()["L"]["starvation_grants"] == 0
+
+
+def test_lease_expiry_returns_bytes_and_is_counted():
+    a, clock = mk(credit=100, lease=2.0)
+    A, B = a.register("A", "L"), a.register("B", "L")
+    a.request(A, 1, 5, 100, "a1")
+    assert a.request(B, 1, 1, 100, "b1") == []
+    assert a.next_expiry() == clock.t + 2.0
+    clock.t += 1.0
+    assert a.expire() == []
+    clock.t += 1.5
+    assert names(a.expire()) == [("B", "b1")]
+    st = a.stats()["L"]
+    assert st["expired_leases"] == 1 and st["outstanding_bytes"] == 100
+    assert a.complete(A, 1) is None                 # late completion of the expired grant: ignored
+    assert a.links["L"].outstanding_bytes == 100
+    assert st["wait_seconds_max"] == pytest.approx(2.5)
+
+
+def test_drop_frees_grants_and_pending():
+    a, _ = mk(credit=100)
+    A, B = a.register("A", "L"), a.register("B", "L")
+    a.request(A, 1, 5, 100, "a1")
+    a.request(A, 2, 9, 100, "a2")
+    a.request(B, 1, 1, 100, "b1")
+    assert names(a.drop(A)) == [("B", "b1")]
+    st = a.stats()["L"]
+    assert st["connected_jobs"] == 1 and st["pending"] == 0 and st["dropped"] == 2
+    assert a.next_expiry() is not None
+    a.complete(B, 1)
+    assert a.next_expiry() is None
+
+
+def test_cancel_of_pending_request():
+    a, _ = mk(credit=1)
+    A, B = a.register("A", "L"), a.register("B", "L")
+    a.request(A, 1, 5, 1, "a1")
+    a.request(B, 1, 9, 1, "b1")
+    a.request(B, 2, 1, 1, "b2")
+    assert a.cancel(B, 1) == []
+    assert names(a.complete(A, 1)) == [("B", "b2")]
+    assert a.stats()["L"]["cancelled"] == 1
+
+
+def test_bad_requests_raise():
+    a, _ = mk()
+    A = a.register("A", "L")
+    a.request(A, 1, 0, 1)
+    with pytest.raises(ValueError, match="duplicate token"):
+        a.request(A, 1, 0, 1)
+    b = Arbiter(credit_bytes=1, max_pending_per_job=2)
+    B = b.register("B", "L")
+    b.request(B, 1, 0, 1)
+    b.request(B, 2, 0, 1)
+    with pytest.raises(ValueError, match="too many"):
+        b.request(B, 3, 0, 1)
+    for kw, msg in ((dict(credit_bytes=0), "credit_bytes"), (dict(lease_seconds=0), "lease_seconds"),
+                    (dict(starvation_bound=-1), "starvation_bound")):
+        with pytest.raises(ValueError, match=msg):
+            Arbiter(**kw)

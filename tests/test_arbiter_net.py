@@ -1,0 +1,823 @@
+"""Arbiter service + client over real loopback TCP (127.0.0.1, ephemeral ports).
+
+Behaviour only, never timing: waits are generous upper bounds.
+"""
+import collections
+import logging
+import os
+import random
+import socket
+import struct
+import threading
+import time
+
+import pytest
+
+from horovod_prio.arbiter import protocol as P
+from horovod_prio.arbiter.client import ArbiterClient, fetch_stats
+from horovod_prio.arbiter.server import ArbiterServer
+
+pytestmark = pytest.mark.timeout(30)
+
+SECRET = b"test-secret-\x00\xff"
+LOGGER = "horovod_prio.arbiter"
+
+
+# ------------------------------------------------------------------ helpers
+class Grants:
+    """Records on_grant calls; thread-safe; waits on conditions."""
+
+    def __init__(self):
+        self.calls = []
+        self.cv = threading.Condition()
+
+    def __call__(self, chunk):
+        with self.cv:
+            self.calls.append(chunk)
+            self.cv.notify_all()
+
+    def wait(self, pred, timeout=5.0):
+        end = time.monotonic() + timeout
+        with self.cv:
+            while not pred(self.calls):
+                left = end - time.monotonic()
+                if left <= 0:
+                    return False
+                self.cv.wait(left)
+            return True
+
+    def wait_for(self, chunk, timeout=5.0):
+        return self.wait(lambda calls: chunk in calls, timeout)
+
+    def count(self):
+        with self.cv:
+            return collections.Counter(self.calls)
+
+
+def wait_until(pred, timeout=5.0, step=0.005):
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        if pred():
+            return True
+        time.sleep(step)
+    return pred()
+
+
+def free_port():
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    port = s.getsockname()[1]
+    s.close()
+    return port
+
+
+@pytest.fixture
+def server_factory():
+    made = []
+
+    def make(port=0, **kw):
+        kw.setdefault("credit_bytes", 100)
+        srv = ArbiterServer("127.0.0.1", port, SECRET, **kw)
+        srv.start()
+        made.append(srv)
+        return srv
+    yield make
+    for s in made:
+        s.stop()
+
+
+@pytest.fixture
+def client_factory():
+    made = []
+
+    def make(addr, job, link="L", on_grant=None, secret=SECRET, timeout=1.0, wait_connected=True, **kw):
+        g = on_grant if on_grant is not None else Grants()
+        c = ArbiterClient(addr, link, job, secret, g, timeout=timeout, **kw)
+        made.append(c)
+        if wait_connected:
+            assert wait_until(lambda: c.connected), "client %s did not connect" % job
+        return c, g
+    yield make
+    for c in made:
+        c.close()
+
+
+def link_stats(srv, link="L"):
+    return srv.call(lambda: srv.stats()["links"].get(link, {}))
+
+
+def server_counters(srv):
+    return srv.call(lambda: dict(srv.counters))
+
+
+def raw_connect(addr, secret=SECRET):
+    """Authenticated raw socket (for forging / fuzzing after the handshake)."""
+    s = socket.create_connection(addr, timeout=5)
+    rd = P.FrameReader()
+    cn = P.new_nonce()
+    s.sendall(P.frame(P.MAGIC + cn))
+    body = recv_body(s, rd)
+    sn = body[4:4 + P.NONCE_LEN]
+    s.sendall(P.frame(P.client_proof(secret, cn, sn)))
+    return s, rd, P.Session(P.session_key(secret, cn, sn), is_server=False)
+
+
+def recv_body(s, rd, timeout=5.0):
+    s.settimeout(timeout)
+    while True:
+        data = s.recv(65536)
+        if not data:
+            raise ConnectionError("closed")
+        b = rd.feed(data)
+        if b:
+            return b[0]
+
+
+def is_closed_by_peer(s, timeout=5.0):
+    s.settimeout(timeout)
+    try:
+        while True:
+            data = s.recv(65536)
+            if not data:
+                return True
+    except (ConnectionResetError, BrokenPipeError):
+        return True
+    except socket.timeout:
+        return False
+
+
+# ------------------------------------------------------------------ policy over the wire
+def test_grant_order_across_jobs(server_factory, client_factory):
+    srv = server_factory(credit_bytes=100)
+    a, ga = client_factory(srv.address, "A")
+    b, gb = client_factory(srv.address, "B")
+    c, gc = client_factory(srv.address, "C")
+    order = []
+    lock = threading.Lock()
+    a.request("hold", 0, 100)
+    assert ga.wait_for("hold")
+    for cl, g, chunk, prio in ((b, gb, "b-low", 1), (c, gc, "c-high", 9), (a, ga, "a-mid", 5)):
+        cl.request(chunk, prio, 100)
+    assert wait_until(lambda: link_stats(srv)["pending"] == 3)
+    for cl, g in ((a, ga), (b, gb), (c, gc)):
+        g.order, g.lock = order, lock
+    a.complete("hold")
+    for chunk, (cl, g) in (("c-high", (c, gc)), ("a-mid", (a, ga)), ("b-low", (b, gb))):
+        assert g.wait_for(chunk)
+        # nothing else was granted while this one holds the link
+        assert link_stats(srv)["outstanding_grants"] == 1
+        cl.complete(chunk)
+    st = link_stats(srv)
+    assert st["grants"] == 4 and st["waits"] == 3 and st["connected_jobs"] == 3
+    assert st["grants_per_job"] == {"A": 2, "B": 1, "C": 1}
+    for cl in (a, b, c):
+        assert cl.counters["fallback_grants"] == 0
+
+
+def test_credit_and_ties_by_arrival(server_factory, client_factory):
+    srv = server_factory(credit_bytes=300)
+    a, ga = client_factory(srv.address, "A")
+    b, gb = client_factory(srv.address, "B")
+    for i in range(3):
+        a.request("a%d" % i, 5, 100)
+    assert ga.wait(lambda calls: len(calls) == 3)
+    b.request("b0", 5, 100)
+    assert wait_until(lambda: link_stats(srv)["pending"] == 1)
+    a.request("a3", 5, 100)
+    assert wait_until(lambda: link_stats(srv)["pending"] == 2)
+    time.sleep(0.05)
+    assert gb.calls == [] and len(ga.calls) == 3
+    a.complete("a0")
+    assert gb.wait_for("b0")                        # arrived first among equals
+    time.sleep(0.05)
+    assert "a3" not in ga.calls
+    a.complete("a1")
+    assert ga.wait_for("a3")
+
+
+def test_starvation_bound_over_the_wire(server_factory, client_factory):
+    srv = server_factory(credit_bytes=1, starvation_bound=2)
+    hi, ghi = client_factory(srv.address, "hi")
+    lo, glo = client_factory(srv.address, "lo")
+    hi.request("h0", 10, 1)
+    assert ghi.wait_for("h0")
+    lo.request("low", 0, 1)
+    assert wait_until(lambda: link_stats(srv)["pending"] == 1)     # arrives before h1
+    hi.request("h1", 10, 1)
+    assert wait_until(lambda: link_stats(srv)["pending"] == 2)
+    hi.complete("h0")
+    assert ghi.wait_for("h1")                       # low passed over once
+    hi.request("h2", 10, 1)
+    assert wait_until(lambda: link_stats(srv)["pending"] == 2)
+    hi.complete("h1")
+    assert ghi.wait_for("h2")                       # passed over twice
+    hi.request("h3", 10, 1)
+    assert wait_until(lambda: link_stats(srv)["pending"] == 2)
+    hi.complete("h2")
+    assert glo.wait_for("low")                      # bound reached: granted regardless
+    assert "h3" not in ghi.calls
+    assert link_stats(srv)["starvation_grants"] == 1
+
+
+def test_lease_expiry_frees_link(server_factory, client_factory):
+    srv = server_factory(credit_bytes=100, lease_seconds=0.3)
+    a, ga = client_factory(srv.address, "A")
+    b, gb = client_factory(srv.address, "B")
+    a.request("never-completed", 9, 100)
+    assert ga.wait_for("never-completed")
+    b.request("b", 1, 100)
+    assert gb.wait_for("b", timeout=5)              # after A's lease expired
+    st = link_stats(srv)
+    assert st["expired_leases"] == 1
+    a.complete("never-completed")                   # late: ignored by the arbiter
+    assert wait_until(lambda: server_counters(srv)["late_completions"] == 1)
+    assert link_stats(srv)["outstanding_bytes"] == 100   # only b's grant
+    assert a.counters["fallback_grants"] == 0 and b.counters["fallback_grants"] == 0
+
+
+def test_disconnect_frees_grants_and_pending(server_factory, client_factory):
+    srv = server_factory(credit_bytes=100)
+    a, ga = client_factory(srv.address, "A")
+    b, gb = client_factory(srv.address, "B")
+    a.request("a0", 9, 100)
+    assert ga.wait_for("a0")
+    a.request("a1", 9, 100)
+    b.request("b0", 1, 100)
+    assert wait_until(lambda: link_stats(srv)["pending"] == 2)
+    a.close()                                        # the job "crashes"
+    assert gb.wait_for("b0")
+    assert ga.calls.count("a1") == 1                 # close() granted a1 locally, once
+    st = link_stats(srv)
+    assert st["connected_jobs"] == 1 and st["dropped"] == 2
+
+
+def test_waiting_behind_other_jobs_is_not_a_fallback(server_factory, client_factory):
+    """A queued request may wait far longer than `timeout` while the arbiter is alive."""
+    srv = server_factory(credit_bytes=100)
+    a, ga = client_factory(srv.address, "A", timeout=0.1)
+    b, gb = client_factory(srv.address, "B", timeout=0.1)
+    a.request("big", 9, 100)
+    assert ga.wait_for("big")
+    b.request("b", 1, 100)
+    time.sleep(0.8)                                  # 8 x timeout
+    assert gb.calls == [] and b.connected
+    a.complete("big")
+    assert gb.wait_for("b")
+    assert b.counters["fallback_grants"] == 0 and b.counters["arbiter_grants"] == 1
+    assert b.counters["wait_seconds_max"] >= 0.7
+
+
+def test_max_wait_cancels_and_grants_locally_once(server_factory, client_factory, caplog):
+    srv = server_factory(credit_bytes=100)
+    a, ga = client_factory(srv.address, "A")
+    b, gb = client_factory(srv.address, "B", max_wait=0.3)
+    a.request("hold", 9, 100)
+    assert ga.wait_for("hold")
+    with caplog.at_level(logging.WARNING, logger=LOGGER):
+        b.request("b", 1, 100)
+        assert gb.wait_for("b")
+    assert b.counters["max_wait_cancels"] == 1 and b.counters["fallback_grants"] == 1
+    assert wait_until(lambda: link_stats(srv)["cancelled"] == 1)
+    a.complete("hold")
+    time.sleep(0.1)
+    assert gb.calls == ["b"] and b.connected
+    assert sum("waited more than" in r.getMessage() for r in caplog.records) == 1
+
+
+def test_stats_request(server_factory, client_factory):
+    srv = server_factory(credit_bytes=100)
+    a, ga = client_factory(srv.address, "A", link="eth0")
+    a.request("x", 1, 10)
+    assert ga.wait_for("x")
+    st = fetch_stats(srv.address, SECRET)
+    assert st["links"]["eth0"]["grants"] == 1
+    assert st["links"]["eth0"]["connected_jobs"] == 1
+    for key in ("waits", "wait_seconds_total", "expired_leases", "outstanding_bytes"):
+        assert key in st["links"]["eth0"]
+    assert st["server"]["auth_failures"] == 0
+    with pytest.raises(Exception):
+        fetch_stats(srv.address, b"wrong", timeout=2)
+
+
+# ------------------------------------------------------------------ authentication
+def test_wrong_secret_rejected_and_client_falls_back(server_factory, client_factory, caplog):
+    srv = server_factory()
+    with caplog.at_level(logging.WARNING, logger=LOGGER):
+        c, g = client_factory(srv.address, "evil", secret=b"wrong", timeout=0.2, wait_connected=False,
+                              backoff_initial=0.05, backoff_max=0.1)
+        c.request("x", 99, 1)
+        assert g.wait_for("x")
+        time.sleep(0.4)                              # several failed reconnects
+    assert not c.connected
+    assert c.counters["fallback_grants"] == 1
+    assert link_stats(srv) == {}                     # never registered
+    warnings = [r for r in caplog.records if r.levelno == logging.WARNING and r.name == LOGGER
+                and "unavailable" in r.getMessage()]
+    assert len(warnings) == 1
+    assert "authentication" in warnings[0].getMessage()
+
+
+def test_bad_client_proof_closes_connection(server_factory):
+    srv = server_factory()
+    s = socket.create_connection(srv.address, timeout=5)
+    rd = P.FrameReader()
+    cn = P.new_nonce()
+    s.sendall(P.frame(P.MAGIC + cn))
+    body = recv_body(s, rd)
+    sn = body[4:4 + P.NONCE_LEN]
+    assert body[4 + P.NONCE_LEN:] == P.server_proof(SECRET, cn, sn)
+    s.sendall(P.frame(P.client_proof(b"guess", cn, sn)))
+    assert is_closed_by_peer(s)
+    assert server_counters(srv)["auth_failures"] == 1
+
+
+def test_forged_and_replayed_frames_rejected(server_factory, client_factory):
+    srv = server_factory(credit_bytes=100)
+    victim, gv = client_factory(srv.address, "victim")
+    # an authenticated attacker connection whose frames are then forged
+    s, rd, sess = raw_connect(srv.address)
+    reg = sess.seal(P.enc_register("attacker", "L"))
+    s.sendall(reg)
+    assert sess.open(recv_body(s, rd))[0] == P.T_REGISTERED
+    req = sess.seal(P.enc_request(1, 100, 100, "x"))
+    s.sendall(req)
+    assert sess.open(recv_body(s, rd)) == P.enc_token(P.T_GRANT, 1)
+    victim.request("v", 1, 100)
+    assert wait_until(lambda: link_stats(srv)["pending"] == 1)
+    # a forged COMPLETE (wrong MAC) must not free the link; it kills the connection
+    body = P.enc_token(P.T_COMPLETE, 1)
+    s.sendall(P.frame(body + b"\0" * P.MAC_LEN))
+    assert is_closed_by_peer(s)
+    assert server_counters(srv)["protocol_errors"] == 1
+    # the connection is gone, so its grant was released by the disconnect: victim proceeds
+    assert gv.wait_for("v")
+
+    # replay: re-sending a captured frame on a new session fails its MAC
+    s2, rd2, sess2 = raw_connect(srv.address)
+    s2.sendall(reg)                                 # frame sealed for the other session
+    assert is_closed_by_peer(s2)
+    # replay within the same session (sequence number) also fails
+    s3, rd3, sess3 = raw_connect(srv.address)
+    ping = sess3.seal(P.enc_token(P.T_PING, 7))
+    s3.sendall(ping)
+    assert sess3.open(recv_body(s3, rd3)) == P.enc_token(P.T_PONG, 7)
+    s3.sendall(ping)
+    assert is_closed_by_peer(s3)
+    assert server_counters(srv)["protocol_errors"] == 3
+    # the victim's client is unaffected and still served by the arbiter
+    victim.complete("v")
+    victim.request("v2", 1, 100)
+    assert gv.wait_for("v2")
+    assert victim.counters["fallback_grants"] == 0
+    for x in (s, s2, s3):
+        x.close()
+
+
+def test_handshake_timeout_closes_idle_connection(server_factory):
+    srv = server_factory(handshake_timeout=0.2)
+    s = socket.create_connection(srv.address, timeout=5)
+    assert is_closed_by_peer(s, timeout=5)
+    assert server_counters(srv)["auth_failures"] == 1
+    s.close()
+
+
+# ------------------------------------------------------------------ malformed input
+def test_malformed_input_fuzz_server_survives(server_factory, client_factory):
+    srv = server_factory(credit_bytes=1 << 30, handshake_timeout=0.5)
+    good, gg = client_factory(srv.address, "good")
+    rng = random.Random(1234)
+    n_done = 0
+
+    def check_good(i):
+        good.request("g%d" % i, 1, 10)
+        assert gg.wait_for("g%d" % i), "legit client not served after fuzz case %d" % i
+        good.complete("g%d" % i)
+
+    # 1) unauthenticated garbage: random bytes, bad lengths, oversized frames
+    pre = [b"", b"\0\0\0\0", struct.pack(">I", P.MAX_FRAME + 1) + b"x" * 10,
+           struct.pack(">I", 0xFFFFFFFF), P.frame(b"HPA1"), P.frame(b"XXXX" + b"\0" * 32),
+           P.frame(P.MAGIC + b"\0" * 33)]
+    pre += [bytes(rng.getrandbits(8) for _ in range(rng.randint(1, 200))) for _ in range(40)]
+    for i, blob in enumerate(pre):
+        s = socket.create_connection(srv.address, timeout=5)
+        try:
+            s.sendall(blob)
+        except OSError:
+            pass
+        s.close()
+        n_done += 1
+        if i % 10 == 0:
+            check_good(n_done)
+
+    # 2) authenticated (valid MAC) but malformed payloads: the decoder's fuzz
+    templates = [P.enc_register("j", "L"), P.enc_request(1, 5, 10, "c"), P.enc_token(P.T_COMPLETE, 1),
+                 P.enc_token(P.T_PING, 1), P.enc_empty(P.T_STATS), P.enc_token(P.T_CANCEL, 2)]
+    cases = [b"\x02", b"\x01\xff\xff", b"\x01\x00\x00\x00\x00", b"\x7f", b"\x02" + b"\0" * 30,
+             P.enc_register("j", "L") + b"extra", P.enc_request(1, 5, 10, "c")]  # REQUEST w/o REGISTER
+    for _ in range(60):
+        t = bytearray(rng.choice(templates))
+        op = rng.randrange(3)
+        if op == 0 and len(t) > 1:
+            del t[rng.randrange(1, len(t)):]
+        elif op == 1:
+            t += bytes(rng.getrandbits(8) for _ in range(rng.randint(1, 20)))
+        else:
+            for _ in range(rng.randint(1, 4)):
+                t[rng.randrange(len(t))] = rng.getrandbits(8)
+        cases.append(bytes(t))
+    for i, payload in enumerate(cases):
+        s, rd, sess = raw_connect(srv.address)
+        try:
+            if rng.random() < 0.5:
+                s.sendall(sess.seal(P.enc_register("fuzz%d" % i, "L")))
+            s.sendall(sess.seal(payload))
+            s.sendall(sess.seal(P.enc_token(P.T_PING, 42)))
+        except OSError:
+            pass
+        s.close()
+        n_done += 1
+        if i % 10 == 0:
+            check_good(n_done)
+    check_good(n_done + 1)
+    c = server_counters(srv)
+    assert c["protocol_errors"] + c["auth_failures"] >= 20
+    assert wait_until(lambda: srv.call(lambda: len(srv.conns)) == 1)    # only `good` left
+    assert good.counters["fallback_grants"] == 0
+    st = link_stats(srv)
+    assert st["pending"] == 0 and st["outstanding_grants"] == 0
+
+
+def test_duplicate_token_and_second_register_are_protocol_errors(server_factory):
+    srv = server_factory()
+    for payloads in ([P.enc_register("j", "L"), P.enc_register("j", "L")],
+                     [P.enc_register("j", "L"), P.enc_request(1, 0, 1000, "a"),
+                      P.enc_request(1, 0, 1000, "a")]):
+        s, rd, sess = raw_connect(srv.address)
+        s.sendall(b"".join(sess.seal(p) for p in payloads))
+        assert is_closed_by_peer(s)
+        s.close()
+    assert server_counters(srv)["protocol_errors"] == 2
+    st = link_stats(srv)
+    assert st["connected_jobs"] == 0 and st["outstanding_bytes"] == 0
+
+
+# ------------------------------------------------------------------ fallback
+def test_unreachable_arbiter_grants_locally(client_factory, caplog):
+    port = free_port()
+    with caplog.at_level(logging.WARNING, logger=LOGGER):
+        c, g = client_factory(("127.0.0.1", port), "A", timeout=0.05, wait_connected=False,
+                              backoff_initial=0.02, backoff_max=0.05)
+        for i in range(20):
+            c.request("c%d" % i, i, 100)
+        assert g.wait(lambda calls: len(calls) == 20)
+        time.sleep(0.3)                              # several failed reconnect attempts
+        c.request("late", 0, 1)
+        assert g.wait_for("late")
+    assert not c.connected
+    assert sorted(g.count().values()) == [1] * 21
+    cnt = c.counters
+    assert cnt["fallback_grants"] == 21 and cnt["arbiter_grants"] == 0 and cnt["requests"] == 21
+    assert len([r for r in caplog.records if r.levelno == logging.WARNING]) == 1
+
+
+def test_arbiter_that_accepts_but_never_answers(client_factory, caplog):
+    lsock = socket.socket()
+    lsock.bind(("127.0.0.1", 0))
+    lsock.listen(16)
+    accepted = []
+    stop = threading.Event()
+
+    def acceptor():
+        lsock.settimeout(0.05)
+        while not stop.is_set():
+            try:
+                accepted.append(lsock.accept()[0])
+            except socket.timeout:
+                pass
+    t = threading.Thread(target=acceptor, daemon=True)
+    t.start()
+    try:
+        with caplog.at_level(logging.WARNING, logger=LOGGER):
+            c, g = client_factory(lsock.getsockname(), "A", timeout=0.05, wait_connected=False,
+                                  handshake_timeout=0.2, backoff_initial=0.05, backoff_max=0.1)
+            c.request("x", 1, 1)
+            assert g.wait_for("x", timeout=2)
+            time.sleep(0.6)                          # reconnects, which also hang
+            c.request("y", 1, 1)
+            assert g.wait_for("y", timeout=2)
+        assert c.counters["fallback_grants"] == 2 and not c.connected
+        assert len(accepted) >= 2
+        assert len([r for r in caplog.records if r.levelno == logging.WARNING]) == 1
+    finally:
+        stop.set()
+        t.join()
+        lsock.close()
+        for s in accepted:
+            s.close()
+
+
+def test_arbiter_killed_mid_run_then_restarted(server_factory, client_factory, caplog):
+    srv = server_factory(credit_bytes=100)
+    port = srv.address[1]
+    a, ga = client_factory(srv.address, "A", timeout=0.2, backoff_initial=0.05, backoff_max=0.1)
+    b, gb = client_factory(srv.address, "B", timeout=0.2, backoff_initial=0.05, backoff_max=0.1)
+    a.request("a0", 9, 100)
+    assert ga.wait_for("a0")
+    for i in range(5):
+        b.request("b%d" % i, 1, 100)                # queued behind a0
+    assert wait_until(lambda: link_stats(srv)["pending"] == 5)
+    with caplog.at_level(logging.INFO, logger=LOGGER):
+        srv.stop()                                   # killed: connections reset
+        assert gb.wait(lambda calls: len(calls) == 5)
+        assert wait_until(lambda: not a.connected and not b.connected)
+        a.complete("a0")                             # completion of an old-session grant: harmless
+        a.request("during", 1, 100)
+        assert ga.wait_for("during")
+        a.complete("during")
+        time.sleep(0.3)                              # failed reconnects: no extra warnings
+        srv2 = server_factory(port=port, credit_bytes=100)
+        assert wait_until(lambda: a.connected and b.connected, timeout=5)
+        a.request("after", 1, 100)
+        assert ga.wait_for("after")
+        assert link_stats(srv2)["grants_per_job"] == {"A": 1}     # went through the new arbiter
+    ca, cb = a.counters, b.counters
+    assert cb["fallback_grants"] == 5 and ca["fallback_grants"] == 1
+    assert ca["arbiter_grants"] == 2 and ca["reconnects"] == 1 and cb["reconnects"] == 1
+    for g in (ga, gb):
+        assert set(g.count().values()) == {1}
+    warns = [r for r in caplog.records if r.levelno == logging.WARNING and r.name == LOGGER]
+    assert len(warns) == 2                           # one per client
+    assert sum("reachable again" in r.getMessage() for r in caplog.records) == 2
+
+
+def test_hung_arbiter_mid_run_detected_by_heartbeat(server_factory, client_factory):
+    srv = server_factory(credit_bytes=100)
+    a, ga = client_factory(srv.address, "A", timeout=0.1, backoff_initial=0.05, backoff_max=0.1)
+    b, gb = client_factory(srv.address, "B", timeout=0.1, backoff_initial=0.05, backoff_max=0.1)
+    a.request("hold", 9, 100)
+    assert ga.wait_for("hold")
+    b.request("queued", 1, 100)
+    assert wait_until(lambda: link_stats(srv)["pending"] == 1)
+    srv.loop.call_soon_threadsafe(time.sleep, 1.5)  # the arbiter hangs
+    t0 = time.monotonic()
+    assert gb.wait_for("queued", timeout=1.2)       # heartbeat unanswered -> local grant
+    assert time.monotonic() - t0 < 1.2
+    assert b.counters["fallback_grants"] == 1
+    # after the hang the clients reconnect and use the arbiter again
+    assert wait_until(lambda: a.connected and b.connected, timeout=5)
+    b.request("again", 1, 100)
+    assert gb.wait_for("again")
+    assert b.counters["arbiter_grants"] == 1
+    assert gb.count() == {"queued": 1, "again": 1}
+
+
+def test_request_to_hung_arbiter_falls_back(server_factory, client_factory):
+    srv = server_factory(credit_bytes=1 << 20)
+    a, ga = client_factory(srv.address, "A", timeout=0.1)
+    srv.loop.call_soon_threadsafe(time.sleep, 1.0)
+    time.sleep(0.02)
+    a.request("x", 1, 1)
+    assert ga.wait_for("x", timeout=0.9)            # no GRANT/QUEUED within timeout
+    assert a.counters["fallback_grants"] == 1
+
+
+# ------------------------------------------------------------------ exactly once
+class FakeArbiter:
+    """Scripted arbiter speaking the real protocol: `on_payload(conn, payload)`."""
+
+    def __init__(self, on_payload):
+        self.on_payload = on_payload
+        self.lsock = socket.socket()
+        self.lsock.bind(("127.0.0.1", 0))
+        self.lsock.listen(16)
+        self.address = self.lsock.getsockname()
+        self.stop = threading.Event()
+        self.threads = []
+        t = threading.Thread(target=self._accept, daemon=True)
+        t.start()
+        self.threads.append(t)
+
+    def _accept(self):
+        self.lsock.settimeout(0.05)
+        while not self.stop.is_set():
+            try:
+                s, _ = self.lsock.accept()
+            except socket.timeout:
+                continue
+            t = threading.Thread(target=self._serve, args=(s,), daemon=True)
+            t.start()
+            self.threads.append(t)
+
+    def _serve(self, s):
+        rd = P.FrameReader()
+        try:
+            body = recv_body(s, rd)
+            cn = body[4:]
+            sn = P.new_nonce()
+            s.sendall(P.frame(P.MAGIC + sn + P.server_proof(SECRET, cn, sn)))
+            recv_body(s, rd)                        # proof (not checked: test double)
+            sess = P.Session(P.session_key(SECRET, cn, sn), is_server=True)
+            conn = (s, sess, threading.Lock())
+            queue = []
+            s.settimeout(0.05)
+            while not self.stop.is_set():
+                try:
+                    data = s.recv(65536)
+                except socket.timeout:
+                    continue
+                if not data:
+                    return
+                queue += rd.feed(data)
+                while queue:
+                    self.on_payload(conn, sess.open(queue.pop(0)))
+        except OSError:
+            pass
+        finally:
+            s.close()
+
+    @staticmethod
+    def send(conn, payload):
+        s, sess, lock = conn
+        with lock:
+            try:
+                s.sendall(sess.seal(payload))
+            except OSError:
+                pass
+
+    def close(self):
+        self.stop.set()
+        for t in self.threads:
+            t.join(2)
+        self.lsock.close()
+
+
+def test_exactly_once_when_late_grant_races_the_timeout(client_factory):
+    """The fake arbiter answers each request at about the client's timeout:
+    some grants arrive first, some after the fallback; each chunk gets exactly
+    one on_grant either way."""
+    timeout = 0.02
+    rng = random.Random(7)
+
+    def on_payload(conn, p):
+        kind = p[0]
+        if kind == P.T_REGISTER:
+            FakeArbiter.send(conn, P.enc_empty(P.T_REGISTERED))
+        elif kind == P.T_REQUEST:
+            token = P.dec_request(p)[0]
+            delay = timeout * rng.uniform(0.5, 1.5)
+            threading.Timer(delay, FakeArbiter.send, (conn, P.enc_token(P.T_GRANT, token))).start()
+        elif kind == P.T_PING:
+            FakeArbiter.send(conn, P.enc_token(P.T_PONG, P.dec_token(p)))
+
+    fake = FakeArbiter(on_payload)
+    try:
+        c, g = client_factory(fake.address, "A", timeout=timeout, backoff_initial=0.001,
+                              backoff_max=0.002)
+        n = 0
+        end = time.monotonic() + 2.0
+        while time.monotonic() < end and n < 200:
+            for _ in range(rng.randint(1, 4)):
+                c.request("k%d" % n, 1, 1)
+                n += 1
+            time.sleep(rng.uniform(0, 0.01))
+        assert g.wait(lambda calls: len(calls) >= n, timeout=5)
+        time.sleep(0.1)                               # any stray late grant would show up now
+        cnt = g.count()
+        assert len(cnt) == n and set(cnt.values()) == {1}
+        k = c.counters
+        assert k["grants"] == n == k["requests"]
+        assert k["arbiter_grants"] > 0 and k["fallback_grants"] > 0   # both paths exercised
+    finally:
+        fake.close()
+
+
+def test_exactly_once_grant_after_cancel_ignored(client_factory):
+    """Arbiter grants a request the client already cancelled (max_wait): ignored."""
+    cancelled = []
+
+    def on_payload(conn, p):
+        kind = p[0]
+        if kind == P.T_REGISTER:
+            FakeArbiter.send(conn, P.enc_empty(P.T_REGISTERED))
+        elif kind == P.T_REQUEST:
+            FakeArbiter.send(conn, P.enc_token(P.T_QUEUED, P.dec_request(p)[0]))
+        elif kind == P.T_CANCEL:
+            tok = P.dec_token(p)
+            cancelled.append(tok)
+            FakeArbiter.send(conn, P.enc_token(P.T_GRANT, tok))   # crossed on the wire
+        elif kind == P.T_PING:
+            FakeArbiter.send(conn, P.enc_token(P.T_PONG, P.dec_token(p)))
+
+    fake = FakeArbiter(on_payload)
+    try:
+        c, g = client_factory(fake.address, "A", timeout=0.5, max_wait=0.1)
+        c.request("x", 1, 1)
+        assert g.wait_for("x")
+        assert wait_until(lambda: cancelled)
+        time.sleep(0.2)
+        assert g.calls == ["x"] and c.connected
+        assert c.counters["fallback_grants"] == 1 and c.counters["arbiter_grants"] == 0
+    finally:
+        fake.close()
+
+
+def test_exactly_once_under_concurrency_and_arbiter_restarts(server_factory, client_factory):
+    srv = server_factory(credit_bytes=1000, lease_seconds=0.5)
+    port = srv.address[1]
+    clients = []
+    for j in range(4):
+        clients.append(client_factory(srv.address, "J%d" % j, timeout=0.2, backoff_initial=0.01,
+                                      backoff_max=0.05))
+    issued = collections.Counter()
+    issued_lock = threading.Lock()
+    stop = threading.Event()
+
+    def worker(wid, c, g):
+        rng = random.Random(wid)
+        i = 0
+        while not stop.is_set():
+            chunk = "w%d-%d" % (wid, i)
+            i += 1
+            c.request(chunk, rng.randint(0, 10), rng.choice([10, 100, 400]))
+            with issued_lock:
+                issued[(id(g), chunk)] += 1
+            if rng.random() < 0.7:
+                g.wait_for(chunk, timeout=2)
+                c.complete(chunk)
+            time.sleep(rng.uniform(0, 0.003))
+
+    threads = []
+    for idx, (c, g) in enumerate(clients):
+        for k in range(2):
+            t = threading.Thread(target=worker, args=(idx * 10 + k, c, g), daemon=True)
+            t.start()
+            threads.append(t)
+    servers = [srv]
+    for _ in range(2):
+        time.sleep(0.4)
+        servers[-1].stop()
+        time.sleep(0.2)
+        servers.append(server_factory(port=port, credit_bytes=1000, lease_seconds=0.5))
+    time.sleep(0.5)
+    stop.set()
+    for t in threads:
+        t.join(5)
+    for c, g in clients:
+        want = sum(1 for (gid, _), n in issued.items() if gid == id(g))
+        assert g.wait(lambda calls: len(calls) >= want, timeout=5)
+    time.sleep(0.2)
+    total_arbiter = total_fallback = 0
+    for c, g in clients:
+        cnt = g.count()
+        want = {chunk for (gid, chunk) in issued if gid == id(g)}
+        assert set(cnt) == want
+        assert set(cnt.values()) == {1}
+        k = c.counters
+        assert k["grants"] == k["requests"] == len(want) and k["pending"] == 0
+        total_arbiter += k["arbiter_grants"]
+        total_fallback += k["fallback_grants"]
+    assert total_arbiter > 0
+    assert all(c.connected for c, _ in clients)
+
+
+def test_request_validation_and_close(server_factory, client_factory):
+    srv = server_factory()
+    c, g = client_factory(srv.address, "A")
+    for args, field in ((("x" * 300, 1, 1), "chunk_id"), ((1, 1, 1), "chunk_id"),
+                        (("x", 1.5, 1), "priority"), (("x", 2 ** 63, 1), "priority"),
+                        (("x", 1, -1), "nbytes"), (("x", True, 1), "priority")):
+        with pytest.raises(ValueError, match=field):
+            c.request(*args)
+    assert c.complete("never-granted") is False
+    c.close()
+    with pytest.raises(RuntimeError):
+        c.request("x", 1, 1)
+    with pytest.raises(ValueError, match="address"):
+        ArbiterClient("nohostport", "L", "j", SECRET, lambda c: None)
+    with pytest.raises(ValueError, match="secret"):
+        ArbiterClient(srv.address, "L", "j", "", lambda c: None)
+    with pytest.raises(ValueError, match="link"):
+        ArbiterClient(srv.address, "", "j", SECRET, lambda c: None)
+
+
+def test_on_grant_may_reenter_and_errors_are_contained(server_factory, client_factory):
+    srv = server_factory(credit_bytes=1 << 20)
+    seen = []
+    holder = {}
+
+    def on_grant(chunk):
+        seen.append(chunk)
+        if chunk == "first":
+            holder["c"].complete("first")
+            holder["c"].request("second", 1, 1)      # re-entrant call from the I/O thread
+        if chunk == "boom":
+            raise RuntimeError("callback bug")
+
+    c, _ = client_factory(srv.address, "A", on_grant=on_grant)
+    holder["c"] = c
+    c.request("first", 1, 1)
+    assert wait_until(lambda: "second" in seen)
+    c.request("boom", 1, 1)
+    c.request("after", 1, 1)
+    assert wait_until(lambda: "after" in seen)
+    assert seen == ["first", "second", "boom", "after"]
