@@ -28,3 +28,5 @@ bench: install
 
 clean:
 	rm -rf build *.egg-info horovod_prio/*.so
+
+include docker/docker.mk
