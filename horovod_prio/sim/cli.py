@@ -1,0 +1,276 @@
+"""``horovod-prio sim``: simulate K jobs x N workers sharing one link.
+
+Examples::
+
+    horovod-prio sim --model resnet50 --jobs 2 --workers 8 --bandwidth 10gbit \\
+        --steps 200 --mode all --out benchmarks/sim_results/resnet50
+    horovod-prio sim --model vgg16,resnet50 --jobs 8 --workers 1000 --bandwidth 100gbit
+    horovod-prio sim --validate --out benchmarks/sim_results/validation
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import re
+import shlex
+import statistics
+import sys
+import time
+from typing import List, Optional
+
+from ..config import PriorityConfig, parse_bytes
+from .engine import MODES, TOPOLOGIES, JobSpec, LinkConfig, simulate
+from .profiles import BUILTIN, DEFAULT_TFLOPS, get_profile
+from .report import markdown_table, mode_means, summarize, write_outputs
+
+_RATE_RE = re.compile(r"^\s*([0-9]*\.?[0-9]+(?:e[+-]?[0-9]+)?)\s*([kmgt]?)(bit|bps|b)?(/s)?\s*$",
+                      re.I)
+_TIME_RE = re.compile(r"^\s*([0-9]*\.?[0-9]+(?:e[+-]?[0-9]+)?)\s*(s|ms|us|ns)?\s*$", re.I)
+
+
+def parse_rate(text: str) -> float:
+    """``10gbit``, ``25Gbit/s``, ``100mbps``, ``1e9`` (bits/s) -> bytes/s."""
+    m = _RATE_RE.match(str(text))
+    if not m or (m.group(2) and not m.group(3)) or m.group(3) == "b":
+        raise argparse.ArgumentTypeError(
+            f"expected a rate in bits/s like 10gbit, 25Gbit/s, 100mbit or 1e9, got {text!r}")
+    v = float(m.group(1)) * {"": 1, "k": 1e3, "m": 1e6, "g": 1e9, "t": 1e12}[m.group(2).lower()]
+    if not math.isfinite(v) or v <= 0:
+        raise argparse.ArgumentTypeError(f"rate must be > 0, got {text!r}")
+    return v / 8.0
+
+
+def parse_duration(text: str) -> float:
+    """``5us``, ``0.1ms``, ``0``, ``1e-6`` (seconds) -> seconds."""
+    m = _TIME_RE.match(str(text))
+    if not m:
+        raise argparse.ArgumentTypeError(
+            f"expected a duration like 5us, 0.1ms, 0.002s or 1e-6 (seconds), got {text!r}")
+    v = float(m.group(1)) * {"s": 1, "": 1, "ms": 1e-3, "us": 1e-6, "ns": 1e-9}[
+        (m.group(2) or "").lower()]
+    if not math.isfinite(v):
+        raise argparse.ArgumentTypeError(f"duration must be finite, got {text!r}")
+    return v
+
+
+def _int_min(minimum: int):
+    def parse(text):
+        try:
+            v = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected an integer >= {minimum}, got {text!r}")
+        if v < minimum:
+            raise argparse.ArgumentTypeError(f"expected an integer >= {minimum}, got {text!r}")
+        return v
+    return parse
+
+
+def _int_list(text):
+    out = []
+    for part in str(text).split(","):
+        try:
+            v = int(part)
+        except ValueError:
+            raise argparse.ArgumentTypeError(
+                f"expected an integer >= 1 or a comma-separated list of them, got {text!r}")
+        if v < 1:
+            raise argparse.ArgumentTypeError(f"expected integers >= 1, got {text!r}")
+        out.append(v)
+    return out
+
+
+def _float_range(lo: float, hi: Optional[float] = None, lo_open=False, hi_open=True):
+    def parse(text):
+        try:
+            v = float(text)
+        except ValueError:
+            v = float("nan")
+        ok = math.isfinite(v) and (v > lo if lo_open else v >= lo) and (
+            hi is None or (v < hi if hi_open else v <= hi))
+        if not ok:
+            rng = f"{'>' if lo_open else '>='} {lo:g}" + (
+                f" and {'<' if hi_open else '<='} {hi:g}" if hi is not None else "")
+            raise argparse.ArgumentTypeError(f"expected a number {rng}, got {text!r}")
+        return v
+    return parse
+
+
+def _bytes(text):
+    try:
+        return parse_bytes(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"expected a byte size like 4MiB, 512KiB, 1MB or 4194304, got {text!r}")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="horovod-prio sim", formatter_class=argparse.RawDescriptionHelpFormatter,
+        description="Discrete-event simulation of K data-parallel jobs x N workers on one "
+                    "shared link: Horovod FIFO vs priority release vs cross-job arbiter vs "
+                    "arbiter + adaptive policy (JP7042897B2).", epilog=__doc__)
+    a = p.add_argument
+    a("--model", default="resnet50",
+      help=f"{' | '.join(BUILTIN)} | PROFILE.json; a comma list assigns models to jobs "
+           f"round-robin (default resnet50)")
+    a("--jobs", type=_int_min(1), default=2, help="jobs sharing the link (default 2)")
+    a("--workers", type=_int_min(1), default=8, help="workers (ranks) per job (default 8)")
+    a("--bandwidth", type=parse_rate, default=parse_rate("10gbit"),
+      help="link rate in bits/s: 10gbit, 25Gbit/s, 100mbit (default 10gbit)")
+    a("--latency", type=parse_duration, default=5e-6,
+      help="per ring-hop latency, e.g. 5us (default); a message costs 2(N-1) of them")
+    a("--topology", choices=TOPOLOGIES, default="nic",
+      help="nic: one link per worker (cluster); bus: all ranks cross one link "
+           "(shaped loopback) (default nic)")
+    a("--steps", type=_int_list, default=[100],
+      help="steps per job, or a comma list per job (default 100)")
+    a("--stagger", type=_float_range(0), default=0.0,
+      help="job k starts at k*STAGGER seconds (default 0)")
+    a("--jitter", type=_float_range(0, 1), default=0.02,
+      help="per-step compute time noise, x U(1-j, 1+j) (default 0.02)")
+    a("--seed", type=int, default=0)
+    a("--mode", choices=list(MODES) + ["all"], default="all")
+    a("--tflops", type=_float_range(0, lo_open=True), default=DEFAULT_TFLOPS,
+      help=f"effective compute throughput for built-in models (default {DEFAULT_TFLOPS:g})")
+    a("--compute-scale", type=_float_range(0, lo_open=True), default=1.0,
+      help="multiply every compute time (e.g. to set the compute/comm ratio)")
+    a("--cycle-time", type=parse_duration, default=1e-3, help="Horovod cycle time (default 1ms)")
+    a("--fusion-threshold", type=_bytes, default=128 * 1024 * 1024,
+      help="Horovod fusion buffer (default 128MiB)")
+    a("--starvation-bound", type=_int_min(1), default=16,
+      help="arbiter: a job passed over by this many consecutive grants goes next (default 16)")
+    a("--step-overhead", type=parse_duration, default=0.0,
+      help="fixed time added to every step (optimizer apply, input pipeline)")
+    g = p.add_argument_group("priority / policy knobs (PriorityConfig fields; defaults from it)")
+    for flag, field_ in (("--num-groups", "num_groups"), ("--count-threshold", "count_threshold"),
+                         ("--adjust-groups", "adjust_groups"), ("--boost-step", "step"),
+                         ("--max-boost", "max_boost"), ("--warmup-batches", "warmup_batches"),
+                         ("--partition-bytes", "partition_bytes"),
+                         ("--credit-bytes", "credit_bytes"), ("--coefficient", "coefficient"),
+                         ("--relative-coefficient", "relative_coefficient"),
+                         ("--scene", "scene"), ("--ratio-threshold", "ratio_threshold")):
+        g.add_argument(flag, dest="pc_" + field_, default=None, metavar="V",
+                       help=f"PriorityConfig.{field_}")
+    a("--validate", action="store_true",
+      help="simulate the emulated-link harness configs and compare with measurements")
+    a("--profile", default=None, help="--validate: measured MLP profile JSON")
+    a("--ranks-per-core", type=_float_range(0, lo_open=True), default=2.0,
+      help="--validate: compute slow-down from ranks sharing a core (default 2)")
+    a("--out", default=None, help="directory for results.json/.md, steps.csv, steps.png")
+    a("--no-plot", action="store_true")
+    a("--no-alone", action="store_true", help="skip the per-job alone baselines")
+    return p
+
+
+_FLAG_OF = {"step": "--boost-step"}
+
+
+def _priority_config(args) -> PriorityConfig:
+    kwargs = {k[3:]: v for k, v in vars(args).items() if k.startswith("pc_") and v is not None}
+    try:
+        return PriorityConfig.from_env({}, **kwargs)
+    except ValueError as e:
+        msg = str(e)
+        for name in kwargs:
+            flag = _FLAG_OF.get(name, "--" + name.replace("_", "-"))
+            if name in msg:
+                raise ValueError(f"argument {flag}: {msg}") from None
+        raise
+
+
+class _Parser(argparse.ArgumentParser):
+    pass
+
+
+def main(argv: Optional[List[str]] = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    parser = build_parser()
+    try:
+        args = parser.parse_args(argv)
+    except SystemExit as e:  # argparse printed the message naming the flag
+        return int(e.code or 0)
+    try:
+        return _run(args, argv)
+    except ValueError as e:
+        print(f"horovod-prio sim: error: {e}", file=sys.stderr)
+        return 2
+
+
+def _run(args, argv) -> int:
+    pcfg = _priority_config(args)
+    command = "horovod-prio sim " + " ".join(shlex.quote(a) for a in argv)
+    if args.validate:
+        from .validate import validate, validation_table
+        v = validate(args.profile, ranks_per_core=args.ranks_per_core, priority=pcfg)
+        table = validation_table(v)
+        print(table)
+        if args.out:
+            os.makedirs(args.out, exist_ok=True)
+            with open(os.path.join(args.out, "validation.json"), "w") as f:
+                json.dump(dict(v, command=command), f, indent=1)
+            with open(os.path.join(args.out, "validation.md"), "w") as f:
+                f.write("# Simulator vs emulated link\n\nCommand: `" + command + "`\n\n"
+                        + table + "\n")
+            print(f"wrote {args.out}/validation.json, validation.md", file=sys.stderr)
+        return 0
+    names = [m.strip() for m in args.model.split(",") if m.strip()]
+    if not names:
+        raise ValueError("argument --model: empty")
+    profiles = {}
+    for n in names:
+        try:
+            profiles[n] = get_profile(n, tflops=args.tflops).scaled(args.compute_scale)
+        except ValueError as e:
+            raise ValueError(f"argument --model: {e}") from None
+    if len(args.steps) not in (1, args.jobs):
+        raise ValueError(f"argument --steps: give one value or one per job ({args.jobs}), "
+                         f"got {len(args.steps)}")
+    link = LinkConfig(bandwidth=args.bandwidth, latency=args.latency, topology=args.topology,
+                      cycle_time=args.cycle_time, fusion_threshold=args.fusion_threshold,
+                      starvation_bound=args.starvation_bound, step_overhead=args.step_overhead)
+    try:
+        link.validate()
+    except ValueError as e:
+        raise ValueError(f"argument --{str(e).split()[0].replace('_', '-')}: {e}") from None
+    jobs = [JobSpec(profiles[names[k % len(names)]], args.workers,
+                    args.steps[k % len(args.steps)], start=k * args.stagger,
+                    name=f"job{k}", jitter=args.jitter, seed=args.seed)
+            for k in range(args.jobs)]
+    modes = list(MODES) if args.mode == "all" else [args.mode]
+    t0 = time.perf_counter()
+    alone = {}
+    if not args.no_alone:
+        cache = {}
+        for k, j in enumerate(jobs):
+            key = (j.profile.name, j.steps)
+            if key not in cache:
+                solo = JobSpec(j.profile, j.workers, j.steps, 0.0, j.name, j.jitter, j.seed)
+                r = simulate([solo], "fifo", link, pcfg)
+                xs = r.step_times(0)[1:] or r.step_times(0)
+                cache[key] = statistics.fmean(xs)
+            alone[k] = cache[key]
+    results, rows = {}, []
+    for m in modes:
+        r = simulate(jobs, m, link, pcfg)
+        results[m] = r
+        rows += summarize(r, link, alone)
+    elapsed = time.perf_counter() - t0
+    title = (f"{args.jobs} job(s) x {args.workers} workers, {'/'.join(names)}, "
+             f"{args.bandwidth * 8 / 1e9:g} Gbit/s {args.topology}")
+    print(f"# {title}  (simulated in {elapsed:.2f} s)")
+    print(markdown_table(rows))
+    if args.out:
+        meta = {"command": command, "title": title, "wall_s": elapsed,
+                "link": vars(link), "priority": pcfg.as_dict(redact_secrets=True),
+                "models": {n: {"params": p.params, "compute_s": p.compute_s, "source": p.source}
+                           for n, p in profiles.items()},
+                "jitter": args.jitter, "seed": args.seed, "stagger": args.stagger}
+        paths = write_outputs(args.out, rows, results, meta, plot=not args.no_plot, title=title)
+        print("wrote " + ", ".join(paths), file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,515 @@
+"""Discrete-event simulator of K data-parallel jobs sharing one link.
+
+Model (see docs/sim.md for the discussion):
+
+* **One representative worker per job.** In synchronous data-parallel
+  training with ring allreduce every worker of a job runs the same compute
+  and sends/receives the same bytes at the same time, so one worker plus the
+  link it sits on stands for all N; N enters only through the allreduce cost.
+  That is why 1,000 workers cost no more to simulate than 2.
+* **Compute**: forward over the layers, then backward in backprop order; the
+  gradient of layer i is ready when its backward finishes. The next step
+  starts when backward is done and every allreduce of the step has finished
+  (Horovod's synchronous ``apply_gradients``) plus ``step_overhead``.
+* **Allreduce cost** of S gradient bytes on N workers:
+  ``2(N-1)*latency`` (one per ring hop, a pure delay that does not occupy the
+  link) then ``link_bytes`` through the link, with
+  ``link_bytes = 2(N-1)/N*S`` (``topology="nic"``: one NIC per worker, all
+  jobs have one worker on every node) or ``2(N-1)*S`` (``topology="bus"``:
+  all ranks of all jobs cross one link, e.g. a shaped loopback). Alone on the
+  link that is the textbook ``2(N-1)/N*S/B + latency`` term.
+* **Horovod engine per job** (all modes): a background loop with a cycle
+  time; each cycle takes every submitted tensor/chunk, and executes them one
+  collective after the other (Horovod runs one collective at a time).
+  ``fifo`` fuses the tensors of a cycle in ready order into buffers of at
+  most ``fusion_threshold`` bytes.
+* **Priority release** (``priority``, ``arbiter``, ``adaptive``): a group's
+  gradients are fused once the whole group is ready (groups from
+  :func:`horovod_prio.sequence.partition_groups`), cut into chunks of at most
+  ``partition_bytes``; a gate releases the highest-priority held chunk first
+  (ties: ready order) while released-but-unfinished bytes stay within
+  ``credit_bytes`` (a chunk larger than the credit goes alone).
+* **Link sharing**: ``fifo`` and ``priority`` use *fair sharing*: the jobs
+  with a collective on the link split the bandwidth equally (processor
+  sharing; TCP's per-flow fairness with one ring per job - nothing in Horovod
+  lets one job yield to another). ``arbiter`` and ``adaptive`` use the
+  cross-job arbiter: the link carries one collective at a time at full rate
+  and, when free, serves the highest-priority waiting one across all jobs
+  (ties by arrival); a waiting collective bypassed ``starvation_bound`` times
+  is served next. Non-preemptive at chunk granularity.
+* **Adaptive** (``adaptive``): one :class:`~horovod_prio.policy.
+  AdaptivePriorityPolicy` per job (built by :meth:`PriorityConfig.make_policy`
+  - the product's code), ``before_batch()`` at step start, ``after_batch(t)``
+  with the job's measured step time; its ``priorities`` label the job's
+  chunks, compared across jobs by the arbiter on one scale.
+"""
+from __future__ import annotations
+
+import heapq
+import itertools
+import math
+import numbers
+import random
+from dataclasses import dataclass, field
+from typing import Callable, Dict, List, Optional, Sequence
+
+from ..config import PriorityConfig
+from ..sequence import base_priorities
+from .profiles import Profile
+
+MODES = ("fifo", "priority", "arbiter", "adaptive")
+TOPOLOGIES = ("nic", "bus")
+_EPS_BYTES = 1e-3
+
+
+@dataclass
+class LinkConfig:
+    """The shared link and the Horovod engine knobs."""
+
+    bandwidth: float = 10e9 / 8          # bytes/s
+    latency: float = 5e-6                # s per ring hop
+    topology: str = "nic"
+    cycle_time: float = 1e-3             # Horovod >= 0.21 default
+    fusion_threshold: int = 128 * 1024 * 1024  # Horovod >= 0.21 default
+    starvation_bound: int = 16
+    step_overhead: float = 0.0
+
+    def validate(self) -> None:
+        def pos(name, v, strict=True):
+            if (isinstance(v, bool) or not isinstance(v, numbers.Real) or not math.isfinite(v)
+                    or v < 0 or (strict and v == 0)):
+                raise ValueError(f"{name} must be a finite number {'>' if strict else '>='} 0, "
+                                 f"got {v!r}")
+        pos("bandwidth", self.bandwidth)
+        pos("latency", self.latency, strict=False)
+        pos("cycle_time", self.cycle_time, strict=False)
+        pos("step_overhead", self.step_overhead, strict=False)
+        if self.topology not in TOPOLOGIES:
+            raise ValueError(f"topology must be one of {', '.join(TOPOLOGIES)}, "
+                             f"got {self.topology!r}")
+        for name in ("fusion_threshold", "starvation_bound"):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, numbers.Integral) or v < 1:
+                raise ValueError(f"{name} must be an integer >= 1, got {v!r}")
+
+
+@dataclass
+class JobSpec:
+    profile: Profile
+    workers: int
+    steps: int
+    start: float = 0.0
+    name: str = ""
+    jitter: float = 0.0   # compute time x U(1-jitter, 1+jitter) per step
+    seed: int = 0
+
+
+@dataclass
+class StepRecord:
+    job: int
+    step: int
+    start: float
+    end: float
+    boost: int = 0
+    outcome: str = ""
+    decayed: bool = False
+
+    @property
+    def seconds(self) -> float:
+        return self.end - self.start
+
+
+@dataclass
+class SimResult:
+    mode: str
+    jobs: List[JobSpec]
+    steps: List[List[StepRecord]]
+    link_busy_s: float
+    makespan: float
+    events: int
+    policy_events: List[List[dict]] = field(default_factory=list)
+
+    def step_times(self, job: int) -> List[float]:
+        return [r.seconds for r in self.steps[job]]
+
+
+class _Msg:
+    __slots__ = ("job", "nbytes", "link_bytes", "priority", "arrival", "bypassed", "units",
+                 "on_done", "remaining")
+
+    def __init__(self, job, nbytes, link_bytes, priority, units, on_done):
+        self.job, self.nbytes, self.link_bytes = job, nbytes, link_bytes
+        self.priority, self.units, self.on_done = priority, units, on_done
+        self.arrival = 0
+        self.bypassed = 0
+        self.remaining = float(link_bytes)
+
+
+class _Sim:
+    def __init__(self):
+        self.now = 0.0
+        self._heap = []
+        self._seq = itertools.count()
+        self.events = 0
+
+    def at(self, t: float, fn: Callable, *args) -> None:
+        heapq.heappush(self._heap, (t, next(self._seq), fn, args))
+
+    def run(self) -> None:
+        heap = self._heap
+        while heap:
+            t, _, fn, args = heapq.heappop(heap)
+            self.now = t
+            self.events += 1
+            fn(*args)
+
+
+class _SharedLink:
+    """Processor sharing: the n messages on the link each get bandwidth/n."""
+
+    def __init__(self, sim: _Sim, bandwidth: float):
+        self.sim, self.bw = sim, bandwidth
+        self.active: List[_Msg] = []
+        self.last = 0.0
+        self.version = 0
+        self.busy_s = 0.0
+
+    def _update(self):
+        now = self.sim.now
+        if self.active:
+            dt = now - self.last
+            share = dt * self.bw / len(self.active)
+            for m in self.active:
+                m.remaining -= share
+            self.busy_s += dt
+        self.last = now
+
+    def _reschedule(self):
+        self.version += 1
+        if self.active:
+            rem = min(m.remaining for m in self.active)
+            self.sim.at(self.sim.now + max(rem, 0.0) * len(self.active) / self.bw,
+                        self._complete, self.version)
+
+    def add(self, msg: _Msg):
+        self._update()
+        self.active.append(msg)
+        self._reschedule()
+
+    def _complete(self, version):
+        if version != self.version:
+            return
+        self._update()
+        done = [m for m in self.active if m.remaining <= _EPS_BYTES]
+        if not done:  # float round-off: finish the smallest
+            done = [min(self.active, key=lambda m: m.remaining)]
+        self.active = [m for m in self.active if m not in done]
+        self._reschedule()
+        for m in done:
+            m.on_done(m)
+
+
+class _Arbiter:
+    """Cross-job arbiter of one link: holds every job's ready chunks as
+    requests and grants the highest-priority one (ties: arrival) while
+    granted-but-unfinished bytes on the link stay within ``credit`` (a larger
+    chunk goes alone when nothing is granted). Starvation bound: a job with
+    waiting requests that has been passed over by ``bound`` consecutive grants
+    gets the next grant (its best request), so every job keeps at least
+    1/(bound+1) of the grants. Granted chunks go to their job's Horovod
+    engine; on the wire they share the link like any other traffic (the
+    credit keeps that to a chunk or two)."""
+
+    def __init__(self, credit: int, bound: int):
+        self.credit, self.bound = credit, bound
+        self.queues: Dict[int, list] = {}   # job idx -> heap of (-priority, arrival, nbytes)
+        self.jobs: Dict[int, "_Job"] = {}
+        self.arrivals = itertools.count()
+        self.inflight = 0
+        self.grants = 0
+        self.starvation_grants = 0
+        self.passed: Dict[int, int] = {}
+
+    def request(self, job, priority: int, nbytes: int):
+        self.jobs[job.idx] = job
+        heapq.heappush(self.queues.setdefault(job.idx, []), (-priority, next(self.arrivals), nbytes))
+
+    def done(self, nbytes: int):
+        self.inflight -= nbytes
+
+    def grant(self):
+        queues = self.queues
+        while True:
+            waiting = [j for j, q in queues.items() if q]
+            if not waiting:
+                return
+            starving = [j for j in waiting if self.passed.get(j, 0) >= self.bound]
+            if starving:
+                jid = min(starving, key=lambda j: (-self.passed[j], j))
+            else:
+                jid = min(waiting, key=lambda j: queues[j][0][:2])
+            negp, _, nbytes = queues[jid][0]
+            if self.inflight and self.inflight + nbytes > self.credit:
+                return
+            heapq.heappop(queues[jid])
+            if starving:
+                self.starvation_grants += 1
+            self.inflight += nbytes
+            self.grants += 1
+            for j in waiting:
+                self.passed[j] = 0 if j == jid else self.passed.get(j, 0) + 1
+            self.jobs[jid].submit((nbytes, -negp))
+
+
+class _Job:
+    def __init__(self, idx: int, spec: JobSpec, sim: _Sim, link, cfg: LinkConfig,
+                 pcfg: PriorityConfig, mode: str, records: List[StepRecord],
+                 arbiter: Optional[_Arbiter] = None):
+        self.idx, self.spec, self.sim, self.link, self.cfg, self.mode = (
+            idx, spec, sim, link, cfg, mode)
+        self.arbiter = arbiter
+        self.records = records
+        prof = spec.profile
+        n = spec.workers
+        # link bytes per gradient byte and per-message delay
+        if n <= 1:
+            self.byte_factor, self.delay = 0.0, 0.0
+        elif cfg.topology == "nic":
+            self.byte_factor, self.delay = 2.0 * (n - 1) / n, 2.0 * (n - 1) * cfg.latency
+        else:
+            self.byte_factor, self.delay = 2.0 * (n - 1), 2.0 * (n - 1) * cfg.latency
+        # forward layer order -> backprop order; ready offsets from step start
+        fwd = prof.forward_s
+        t = fwd
+        ready: List[float] = []     # per task, backprop order
+        sizes: List[int] = []
+        for layer in reversed(prof.layers):
+            t += layer.backward_s
+            if layer.params > 0:
+                ready.append(t)
+                sizes.append(layer.params * prof.dtype_bytes)
+        self.compute_s = t
+        self.task_ready, self.task_bytes = ready, sizes
+        self.rng = random.Random(f"{spec.seed}:{idx}") if spec.jitter > 0 else None
+        self.policy = None
+        if mode != "fifo":
+            self.groups = pcfg.make_groups(len(sizes))
+            self.base = tuple(base_priorities(len(self.groups)))
+            if mode == "adaptive":
+                self.policy = pcfg.make_policy(len(self.groups))
+            self.partition, self.credit = pcfg.partition_bytes, pcfg.credit_bytes
+            self.group_ready = [ready[g[-1]] for g in self.groups]
+            self.group_bytes = [sum(sizes[i] for i in g) for g in self.groups]
+        # horovod engine state
+        self.hq: List = []
+        self.cycle_list: List[_Msg] = []
+        self.busy = False
+        self.tick_pending = False
+        self.last_tick = spec.start
+        # gate state
+        self.held: List = []
+        self.inflight = 0
+        self.ready_seq = itertools.count()
+        self.step = 0
+
+    # ---------------------------------------------------------- steps
+    def start_step(self):
+        now = self.sim.now
+        decayed = self.policy.before_batch() if self.policy is not None else False
+        self.prios = self.policy.priorities if self.policy is not None else (
+            self.base if self.mode != "fifo" else ())
+        self.step_start = now
+        self.decayed = decayed
+        self.bwd_done = False
+        f = 1.0
+        if self.rng is not None:
+            f = 1.0 + self.spec.jitter * (2.0 * self.rng.random() - 1.0)
+        if self.mode == "fifo":
+            self.outstanding = len(self.task_bytes)
+            for i, (r, b) in enumerate(zip(self.task_ready, self.task_bytes)):
+                self.sim.at(now + r * f, self.submit, (b, i))
+        else:
+            self.outstanding = 0
+            for g, (r, b) in enumerate(zip(self.group_ready, self.group_bytes)):
+                nchunks = max(1, -(-b // self.partition))
+                self.outstanding += nchunks
+                self.sim.at(now + r * f, self.group_ready_ev, g, b, nchunks)
+        self.sim.at(now + self.compute_s * f, self.backward_done)
+
+    def backward_done(self):
+        self.bwd_done = True
+        self._maybe_end()
+
+    def _maybe_end(self):
+        if not (self.bwd_done and self.outstanding == 0):
+            return
+        self.bwd_done = False  # once
+        end = self.sim.now + self.cfg.step_overhead
+        self.sim.at(end, self.end_step)
+
+    def end_step(self):
+        now = self.sim.now
+        secs = now - self.step_start
+        outcome = ""
+        boost = 0
+        if self.policy is not None:
+            boost = self.policy.boost
+            outcome = self.policy.after_batch(secs)
+        self.records.append(StepRecord(self.idx, self.step, self.step_start, now, boost,
+                                       outcome, self.decayed))
+        self.step += 1
+        if self.step < self.spec.steps:
+            self.start_step()
+
+    # ---------------------------------------------------------- gate
+    def group_ready_ev(self, g, nbytes, nchunks):
+        prio = self.prios[g]
+        base, rest = divmod(nbytes, nchunks)
+        for c in range(nchunks):
+            size = base + (1 if c < rest else 0)
+            if self.arbiter is not None:
+                self.arbiter.request(self, prio, size)
+            else:
+                heapq.heappush(self.held, (-prio, next(self.ready_seq), size))
+        if self.arbiter is not None:
+            self.arbiter.grant()
+        else:
+            self.release()
+
+    def release(self):
+        while self.held:
+            negp, _, size = self.held[0]
+            if self.inflight and self.inflight + size > self.credit:
+                return
+            heapq.heappop(self.held)
+            self.inflight += size
+            self.submit((size, -negp))
+
+    # ---------------------------------------------------------- horovod loop
+    def submit(self, item):
+        self.hq.append(item)
+        if not self.busy and not self.tick_pending:
+            now = self.sim.now
+            c = self.cfg.cycle_time
+            if c <= 0:
+                t = now
+            else:
+                k = max(1, math.ceil((now - self.last_tick) / c - 1e-9))
+                t = self.last_tick + k * c
+            self.tick_pending = True
+            self.sim.at(max(t, now), self.tick)
+
+    def tick(self):
+        self.tick_pending = False
+        self.last_tick = self.sim.now
+        if not self.hq:
+            return
+        items, self.hq = self.hq, []
+        msgs = []
+        if self.mode == "fifo":
+            buf, nb = 0, 0
+            for b, _ in items:
+                if nb and buf + b > self.cfg.fusion_threshold:
+                    msgs.append(self._msg(buf, 0, nb))
+                    buf, nb = 0, 0
+                buf += b
+                nb += 1
+            msgs.append(self._msg(buf, 0, nb))
+        else:
+            msgs = [self._msg(b, prio, 1) for b, prio in items]
+        self.cycle_list = msgs
+        self.busy = True
+        self._run_next()
+
+    def _msg(self, nbytes, prio, units):
+        return _Msg(self.idx, nbytes, nbytes * self.byte_factor, prio, units, self._msg_done)
+
+    def _run_next(self):
+        if not self.cycle_list:
+            self.busy = False
+            nxt = max(self.sim.now, self.last_tick + self.cfg.cycle_time)
+            self.tick_pending = True
+            self.sim.at(nxt, self.tick)
+            return
+        msg = self.cycle_list.pop(0)
+        if msg.link_bytes <= 0:
+            self.sim.at(self.sim.now + self.delay, self._msg_done, msg)
+        elif self.delay > 0:
+            self.sim.at(self.sim.now + self.delay, self.link.add, msg)
+        else:
+            self.link.add(msg)
+
+    def _msg_done(self, msg):
+        self.outstanding -= msg.units
+        if self.arbiter is not None:
+            self.arbiter.done(msg.nbytes)
+            self.arbiter.grant()
+        elif self.mode != "fifo":
+            self.inflight -= msg.nbytes
+            self.release()
+        self._run_next()
+        self._maybe_end()
+
+
+def simulate(jobs: Sequence[JobSpec], mode: str, link: Optional[LinkConfig] = None,
+             priority: Optional[PriorityConfig] = None) -> SimResult:
+    """Run ``jobs`` on one shared link under ``mode`` (one of :data:`MODES`)."""
+    if mode not in MODES:
+        raise ValueError(f"mode must be one of {', '.join(MODES)}, got {mode!r}")
+    link = link or LinkConfig()
+    link.validate()
+    pcfg = priority if priority is not None else PriorityConfig.from_env({})
+    if not jobs:
+        raise ValueError("jobs must not be empty")
+    for i, j in enumerate(jobs):
+        if isinstance(j.workers, bool) or not isinstance(j.workers, numbers.Integral) \
+                or j.workers < 1:
+            raise ValueError(f"jobs[{i}].workers must be an integer >= 1, got {j.workers!r}")
+        if isinstance(j.steps, bool) or not isinstance(j.steps, numbers.Integral) or j.steps < 1:
+            raise ValueError(f"jobs[{i}].steps must be an integer >= 1, got {j.steps!r}")
+        if not (isinstance(j.start, numbers.Real) and math.isfinite(j.start) and j.start >= 0):
+            raise ValueError(f"jobs[{i}].start must be a finite number >= 0, got {j.start!r}")
+        if not (isinstance(j.jitter, numbers.Real) and 0 <= j.jitter < 1):
+            raise ValueError(f"jobs[{i}].jitter must be a number in [0, 1), got {j.jitter!r}")
+    sim = _Sim()
+    ln = _SharedLink(sim, link.bandwidth)
+    arb = (_Arbiter(pcfg.credit_bytes, link.starvation_bound)
+           if mode in ("arbiter", "adaptive") else None)
+    records: List[List[StepRecord]] = [[] for _ in jobs]
+    js = [_Job(i, spec, sim, ln, link, pcfg, mode, records[i], arb)
+          for i, spec in enumerate(jobs)]
+    for j in js:
+        sim.at(j.spec.start, j.start_step)
+    sim.run()
+    makespan = max((r[-1].end for r in records if r), default=0.0)
+    pev = [[e.as_dict() for e in j.policy.events] if j.policy is not None else [] for j in js]
+    return SimResult(mode, list(jobs), records, ln.busy_s, makespan, sim.events, pev)
+
+
+def comm_floor(profile: Profile, workers: int, link: LinkConfig) -> float:
+    """Seconds the link needs for one step's gradients of one job, alone:
+    the allreduce bandwidth term (no latency, no compute)."""
+    if workers <= 1:
+        return 0.0
+    f = 2.0 * (workers - 1) / workers if link.topology == "nic" else 2.0 * (workers - 1)
+    return profile.grad_bytes * f / link.bandwidth
+
+
+def overlap_window(result: SimResult):
+    """``(t0, t1)``: from the last job's start to the first job's last step end
+    - the interval in which every job is running (``None`` if empty)."""
+    if not all(result.steps):
+        return None
+    t0 = max(r[0].start for r in result.steps)
+    t1 = min(r[-1].end for r in result.steps)
+    return (t0, t1) if t1 > t0 else None
+
+
+def window_steps(result: SimResult, job: int, window=None, skip: int = 1) -> List[float]:
+    """Step times of ``job`` lying fully inside ``window`` (default: the
+    overlap window), after dropping the job's first ``skip`` steps."""
+    w = overlap_window(result) if window is None else window
+    recs = result.steps[job][skip:]
+    if w is None:
+        return [r.seconds for r in recs]
+    return [r.seconds for r in recs if r.start >= w[0] and r.end <= w[1]]

@@ -1,0 +1,174 @@
+"""Measure a per-layer profile of a tf.keras model for ``horovod-prio sim``.
+
+Times the forward and the backward pass of every layer of a Keras model on
+this machine (CPU), one batch, and writes the simulator's profile JSON
+(:mod:`horovod_prio.sim.profiles`)::
+
+    python -m horovod_prio.tensorflow.profile --model mlp --batch 32 \\
+        --threads 1 --out benchmarks/sim_results/profile_mlp_b32.json
+    horovod-prio sim --model benchmarks/sim_results/profile_mlp_b32.json ...
+
+Method: the layers are run in order on a random batch (each layer's input is
+the previous layer's output, so only ``Sequential``-shaped models, i.e. a
+chain of layers, are supported). For each layer a ``tf.function`` computing
+its output, and one computing the gradients of ``sum(output * r)`` (fixed
+random ``r``) w.r.t. its input and its trainable weights, are each timed
+(median of ``repeats`` after ``warmup`` calls); backward = gradient call -
+forward call (floored at 0). TensorFlow is imported only when a function
+here is called.
+"""
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+from typing import Optional
+
+
+def _tf():
+    import os
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    import tensorflow as tf  # noqa: WPS433 (lazy on purpose)
+    return tf
+
+
+def builtin_model(name: str):
+    """The harness's workloads (benchmarks/workload.py): ``mlp`` (784-2048-
+    2048-256-10, 6,331,146 params) and ``cnn`` (small CNN on 28x28x1)."""
+    tf = _tf()
+    keras = tf.keras
+    if name == "mlp":
+        return keras.Sequential([
+            keras.Input(shape=(784,)),
+            keras.layers.Dense(2048, activation="relu"),
+            keras.layers.Dense(2048, activation="relu"),
+            keras.layers.Dense(256, activation="relu"),
+            keras.layers.Dense(10),
+        ], name="mlp")
+    if name == "cnn":
+        return keras.Sequential([
+            keras.Input(shape=(28, 28, 1)),
+            keras.layers.Conv2D(32, 3, activation="relu"),
+            keras.layers.Conv2D(64, 3, activation="relu"),
+            keras.layers.MaxPooling2D(),
+            keras.layers.Conv2D(64, 3, activation="relu"),
+            keras.layers.MaxPooling2D(),
+            keras.layers.Flatten(),
+            keras.layers.Dense(128, activation="relu"),
+            keras.layers.Dense(10),
+        ], name="cnn")
+    raise ValueError(f"--model: unknown built-in model {name!r} (choose mlp, cnn or a "
+                     f"saved Keras model path)")
+
+
+def _median_time(fn, args, warmup: int, repeats: int) -> float:
+    for _ in range(warmup):
+        fn(*args)
+    times = []
+    for _ in range(repeats):
+        t = time.perf_counter()
+        out = fn(*args)
+        # force completion
+        if isinstance(out, (list, tuple)):
+            for o in out:
+                if o is not None:
+                    o.numpy()
+        else:
+            out.numpy()
+        times.append(time.perf_counter() - t)
+    return statistics.median(times)
+
+
+def _layer_fns(tf, layer, x):
+    """tf.functions: forward of ``layer``, and gradients of ``sum(out * r)``
+    w.r.t. its input and trainable weights."""
+    fwd = tf.function(lambda inp: layer(inp, training=True))
+    r = tf.random.normal(tf.shape(fwd(x)))
+    weights = list(layer.trainable_variables)
+
+    def grad(inp):
+        with tf.GradientTape() as tape:
+            tape.watch(inp)
+            loss = tf.reduce_sum(layer(inp, training=True) * r)
+        return tape.gradient(loss, [inp] + weights)
+    return fwd, tf.function(grad)
+
+
+def profile_model(model, batch_size: int, *, warmup: int = 3, repeats: int = 10,
+                  name: Optional[str] = None, seed: int = 0, threads: Optional[int] = None):
+    """Return a :class:`horovod_prio.sim.profiles.Profile` of ``model``.
+
+    ``model`` is a built tf.keras model whose layers form a chain.
+    ``threads`` sets TF intra/inter-op threads (must be called before TF
+    runs anything in this process for it to take effect).
+    """
+    from horovod_prio.sim.profiles import Layer, Profile
+    if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
+        raise ValueError(f"batch_size must be an integer >= 1, got {batch_size!r}")
+    for label, v in (("warmup", warmup), ("repeats", repeats)):
+        if isinstance(v, bool) or not isinstance(v, int) or v < (0 if label == "warmup" else 1):
+            raise ValueError(f"{label} must be an integer >= {0 if label == 'warmup' else 1}, "
+                             f"got {v!r}")
+    tf = _tf()
+    if threads:
+        try:
+            tf.config.threading.set_intra_op_parallelism_threads(threads)
+            tf.config.threading.set_inter_op_parallelism_threads(threads)
+        except RuntimeError:
+            pass  # TF already initialised; keep its settings
+    tf.random.set_seed(seed)
+    shape = model.inputs[0].shape if getattr(model, "inputs", None) else model.input_shape
+    x = tf.random.normal([batch_size] + [int(d) for d in list(shape)[1:]])
+    layers = []
+    for layer in model.layers:
+        if isinstance(layer, tf.keras.layers.InputLayer):
+            continue
+
+        fwd, grad = _layer_fns(tf, layer, x)
+        y = fwd(x)
+        wts = list(layer.trainable_variables)
+        t_f = _median_time(fwd, (x,), warmup, repeats)
+        t_g = _median_time(grad, (x,), warmup, repeats)
+        params = int(sum(int(tf.size(w)) for w in wts))
+        layers.append(Layer(layer.name, params, t_f, max(t_g - t_f, 0.0)))
+        x = y
+    import platform
+    src = (f"measured with horovod_prio.tensorflow.profile on {platform.machine()} CPU, "
+           f"TF {tf.__version__}, threads {threads or 'default'}, median of {repeats}")
+    return Profile(name or model.name, tuple(layers), batch_size, 4, src)
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(prog="python -m horovod_prio.tensorflow.profile",
+                                description=__doc__.split("\n\n")[0])
+    p.add_argument("--model", default="mlp", help="mlp | cnn | path of a saved Keras model")
+    p.add_argument("--batch", type=int, default=32)
+    p.add_argument("--threads", type=int, default=1)
+    p.add_argument("--repeats", type=int, default=20)
+    p.add_argument("--warmup", type=int, default=5)
+    p.add_argument("--out", required=True)
+    a = p.parse_args(argv)
+    if a.batch < 1:
+        p.error(f"argument --batch: must be >= 1, got {a.batch}")
+    if a.threads < 1:
+        p.error(f"argument --threads: must be >= 1, got {a.threads}")
+    tf = _tf()
+    tf.config.threading.set_intra_op_parallelism_threads(a.threads)
+    tf.config.threading.set_inter_op_parallelism_threads(a.threads)
+    if a.model in ("mlp", "cnn"):
+        model = builtin_model(a.model)
+    else:
+        model = tf.keras.models.load_model(a.model, compile=False)
+    prof = profile_model(model, a.batch, warmup=a.warmup, repeats=a.repeats,
+                         threads=a.threads)
+    from horovod_prio.sim.profiles import save_profile
+    save_profile(prof, a.out)
+    print(f"{prof.name}: {len(prof.layers)} layers, {prof.params:,} params, forward "
+          f"{prof.forward_s * 1e3:.2f} ms, backward {prof.backward_s * 1e3:.2f} ms "
+          f"(batch {a.batch}) -> {a.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,388 @@
+"""Behaviour of the discrete-event simulator (horovod_prio.sim).
+
+No TensorFlow here except test_profile_py_measures_keras_model, which is
+skipped when TensorFlow is not installed.
+"""
+import importlib.util
+import json
+import math
+import os
+import statistics
+import subprocess
+import sys
+
+import pytest
+
+from horovod_prio import policy as policy_mod
+from horovod_prio.config import PriorityConfig
+from horovod_prio.sim import cli
+from horovod_prio.sim.engine import (JobSpec, LinkConfig, MODES, _Arbiter, comm_floor,
+                                     simulate, window_steps)
+from horovod_prio.sim.profiles import (Layer, Profile, bert_base, get_profile, load_profile,
+                                       profile_from_dict, resnet50, save_profile, vgg16)
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def toy(fwd=(0.01, 0.01, 0.01), bwd=(0.02, 0.02, 0.02), params=(1000, 2000, 3000)):
+    return Profile("toy", tuple(Layer(f"l{i}", p, f, b)
+                                for i, (f, b, p) in enumerate(zip(fwd, bwd, params))))
+
+
+def pcfg(**kw):
+    return PriorityConfig.from_env({}, **kw)
+
+
+def t_allreduce(nbytes, n, link):
+    return 2 * (n - 1) * link.latency + 2 * (n - 1) / n * nbytes / link.bandwidth
+
+
+def mean(xs):
+    return statistics.fmean(xs)
+
+
+# ------------------------------------------------------------------ analytic
+def test_single_job_fifo_step_equals_formula_overlapped():
+    """Small output-side gradients finish under backprop; the step is
+    forward + backward + allreduce of the input-side layer."""
+    prof = toy(params=(250_000, 1000, 1000))
+    link = LinkConfig(bandwidth=1e9, latency=1e-4, cycle_time=0.0)
+    n = 4
+    r = simulate([JobSpec(prof, n, 5)], "fifo", link)
+    expect = prof.forward_s + prof.backward_s + t_allreduce(250_000 * 4, n, link)
+    for s in r.step_times(0):
+        assert s == pytest.approx(expect, rel=1e-9)
+
+
+def test_single_job_fifo_fusion_formula():
+    """All gradients ready at once: one fused allreduce (one latency); with
+    fusion off (threshold below every tensor): one allreduce per tensor."""
+    prof = toy(bwd=(0.0, 0.0, 0.0), params=(100_000, 200_000, 300_000))
+    n = 8
+    total = prof.grad_bytes
+    link = LinkConfig(bandwidth=1e8, latency=1e-3, cycle_time=0.0)
+    r = simulate([JobSpec(prof, n, 3)], "fifo", link)
+    assert r.step_times(0)[-1] == pytest.approx(prof.forward_s + t_allreduce(total, n, link),
+                                                rel=1e-9)
+    link1 = LinkConfig(bandwidth=1e8, latency=1e-3, cycle_time=0.0, fusion_threshold=1)
+    r = simulate([JobSpec(prof, n, 3)], "fifo", link1)
+    per = sum(t_allreduce(l.params * 4, n, link1) for l in prof.layers)
+    assert r.step_times(0)[-1] == pytest.approx(prof.forward_s + per, rel=1e-9)
+
+
+def test_bus_topology_multiplies_link_bytes_by_n():
+    prof = toy(bwd=(0.0, 0.0, 0.0))
+    nic = LinkConfig(bandwidth=1e6, latency=0.0, cycle_time=0.0, topology="nic")
+    bus = LinkConfig(bandwidth=1e6, latency=0.0, cycle_time=0.0, topology="bus")
+    assert comm_floor(prof, 2, bus) == pytest.approx(2 * comm_floor(prof, 2, nic))
+    r = simulate([JobSpec(prof, 2, 2)], "fifo", bus)
+    assert r.step_times(0)[-1] == pytest.approx(prof.forward_s + comm_floor(prof, 2, bus))
+
+
+def test_one_worker_has_no_communication():
+    r = simulate([JobSpec(resnet50(), 1, 3)], "fifo", LinkConfig(cycle_time=0.0))
+    assert r.step_times(0)[-1] == pytest.approx(resnet50().compute_s, rel=1e-9)
+    # with Horovod's cycle the last (empty) allreduce waits for the next tick
+    r = simulate([JobSpec(resnet50(), 1, 3)], "fifo", LinkConfig(cycle_time=1e-3))
+    assert resnet50().compute_s <= r.step_times(0)[-1] <= resnet50().compute_s + 1e-3 + 1e-9
+
+
+# ------------------------------------------------------------------ floors
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("model", ["resnet50", "vgg16", "bert-base"])
+def test_steps_respect_compute_and_comm_floor(mode, model):
+    prof = get_profile(model)
+    link = LinkConfig(bandwidth=10e9 / 8)
+    r = simulate([JobSpec(prof, 16, 6), JobSpec(prof, 16, 6, start=0.05)], mode, link)
+    floor = comm_floor(prof, 16, link)
+    for j in range(2):
+        for s in r.step_times(j):
+            assert s >= floor * (1 - 1e-9)
+            assert s >= prof.compute_s * (1 - 1e-9)
+    # two jobs on one link: in every window the link carried at most its capacity
+    assert r.link_busy_s <= r.makespan * (1 + 1e-9)
+
+
+# ------------------------------------------------------------------ priority vs fifo
+@pytest.mark.parametrize("model", ["toy", "resnet50", "bert-base"])
+def test_priority_not_worse_than_fifo_single_job(model):
+    """One group per layer and chunks as large as the biggest tensor: the
+    priority release does the same work as Horovod, in a better order."""
+    prof = toy(params=(300_000, 200_000, 100_000)) if model == "toy" else get_profile(model)
+    link = LinkConfig(bandwidth=10e9 / 8, latency=0.0)
+    cfg = pcfg(num_groups=prof.num_tasks, partition_bytes=max(l.params for l in prof.layers) * 4,
+               credit_bytes=2 * max(l.params for l in prof.layers) * 4)
+    fifo = simulate([JobSpec(prof, 8, 8)], "fifo", link, cfg)
+    for mode in ("priority", "arbiter", "adaptive"):
+        prio = simulate([JobSpec(prof, 8, 8)], mode, link, cfg)
+        assert mean(prio.step_times(0)[1:]) <= mean(fifo.step_times(0)[1:]) * 1.01 + 1e-3
+
+
+# ------------------------------------------------------------------ sharing
+@pytest.mark.parametrize("mode", MODES)
+def test_two_jobs_share_the_link_each_slower_than_alone(mode):
+    prof = bert_base()
+    link = LinkConfig(bandwidth=25e9 / 8)
+    alone = simulate([JobSpec(prof, 8, 20)], mode, link)
+    both = simulate([JobSpec(prof, 8, 20), JobSpec(prof, 8, 20)], mode, link)
+    a = mean(alone.step_times(0)[1:])
+    for j in range(2):
+        assert mean(window_steps(both, j)) > 1.05 * a
+    # total link work is conserved: two jobs need twice the bytes
+    assert both.link_busy_s == pytest.approx(2 * alone.link_busy_s, rel=1e-6)
+
+
+def test_fair_share_of_identical_jobs_is_symmetric():
+    prof = resnet50()
+    r = simulate([JobSpec(prof, 8, 30), JobSpec(prof, 8, 30)], "fifo",
+                 LinkConfig(bandwidth=10e9 / 8))
+    assert mean(r.step_times(0)) == pytest.approx(mean(r.step_times(1)), rel=1e-9)
+
+
+# ------------------------------------------------------------------ arbiter unit
+class _FakeJob:
+    def __init__(self, idx):
+        self.idx = idx
+        self.got = []
+
+    def submit(self, item):
+        self.got.append(item)
+
+
+def _drain(arb, order):
+    while True:
+        before = arb.grants
+        arb.grant()
+        if arb.grants == before:
+            return
+        # complete everything granted so far
+        arb.inflight = 0
+
+
+def test_arbiter_grants_highest_priority_then_arrival_across_jobs():
+    a, b = _FakeJob(0), _FakeJob(1)
+    arb = _Arbiter(credit=1, bound=100)
+    log = []
+    for j in (a, b):
+        j.submit = (lambda j: (lambda item: log.append((j.idx, item[1]))))(j)
+    arb.request(a, 1, 10)
+    arb.request(b, 3, 10)
+    arb.request(a, 3, 10)
+    arb.request(b, 0, 10)
+    arb.grant()              # credit: one at a time (a chunk > credit goes alone)
+    assert log == [(1, 3)]
+    for _ in range(3):
+        arb.done(10)
+        arb.grant()
+    assert log == [(1, 3), (0, 3), (0, 1), (1, 0)]
+
+
+def test_arbiter_starvation_bound_serves_a_low_priority_job():
+    hi, lo = _FakeJob(0), _FakeJob(1)
+    arb = _Arbiter(credit=1, bound=3)
+    log = []
+    hi.submit = lambda item: log.append("hi")
+    lo.submit = lambda item: log.append("lo")
+    arb.request(lo, 0, 1)
+    for _ in range(10):
+        arb.request(hi, 9, 1)
+    for _ in range(11):
+        arb.grant()
+        arb.done(1)
+    assert log.index("lo") == 3          # passed over 3 times, then served
+    assert arb.starvation_grants == 1
+
+
+def test_arbiter_credit_limits_inflight_bytes():
+    j = _FakeJob(0)
+    arb = _Arbiter(credit=25, bound=100)
+    for _ in range(5):
+        arb.request(j, 0, 10)
+    arb.grant()
+    assert len(j.got) == 2 and arb.inflight == 20
+    arb.done(10)
+    arb.grant()
+    assert len(j.got) == 3
+
+
+# ------------------------------------------------------------------ adaptive
+def _two_phase(count_threshold=3):
+    """Job 0 alone, then job 1 (same model) joins for a while, then leaves."""
+    prof = bert_base()
+    link = LinkConfig(bandwidth=25e9 / 8)
+    cfg = pcfg(count_threshold=count_threshold, max_boost=3, warmup_batches=1)
+    alone_step = simulate([JobSpec(prof, 8, 3)], "fifo", link).step_times(0)[-1]
+    jobs = [JobSpec(prof, 8, 120), JobSpec(prof, 8, 25, start=10 * alone_step)]
+    return simulate(jobs, "adaptive", link, cfg), cfg
+
+
+def test_adaptive_raises_when_slowed_by_another_job_and_decays_after():
+    r, cfg = _two_phase()
+    a, b = r.steps
+    b_start, b_end = b[0].start, b[-1].end
+    raises = [s for s in a if s.outcome == "slow"]
+    decays = [s for s in a if s.decayed]
+    assert raises, "job 0 never raised its boost while job 1 shared the link"
+    assert all(s.end > b_start for s in raises)
+    assert any(b_start <= s.start <= b_end for s in raises)
+    assert [s for s in decays if s.start >= b_end], "no decay after job 1 left"
+    assert max(s.boost for s in a) >= 1
+    assert a[-1].boost < max(s.boost for s in a)
+    # the policy events are the product policy's records
+    kinds = {e["kind"] for e in r.policy_events[0]}
+    assert {"slow", "decay", "new_min"} <= kinds
+
+
+def test_adaptive_uses_the_product_policy_class(monkeypatch):
+    calls = []
+    orig = policy_mod.AdaptivePriorityPolicy.after_batch
+
+    def spy(self, seconds):
+        calls.append(seconds)
+        return orig(self, seconds)
+    monkeypatch.setattr(policy_mod.AdaptivePriorityPolicy, "after_batch", spy)
+    r = simulate([JobSpec(toy(), 2, 7)], "adaptive")
+    assert calls == pytest.approx(r.step_times(0))
+
+
+def test_boost_gives_a_job_precedence_on_the_arbitrated_link():
+    """A boosted job's groups outrank the other job's: with the boost applied
+    to every group it finishes its steps faster than its peer."""
+    prof = resnet50()
+    link = LinkConfig(bandwidth=10e9 / 8)
+    cfg = pcfg(adjust_groups=4, step=4, max_boost=4, count_threshold=1000, warmup_batches=1)
+    jobs = [JobSpec(prof, 8, 60), JobSpec(prof, 8, 60, start=5 * 0.2)]
+    r = simulate(jobs, "adaptive", link, cfg)
+    a, b = (window_steps(r, j, skip=5) for j in range(2))
+    assert max(s.boost for s in r.steps[0]) > 0
+    assert mean(a) < mean(b)
+
+
+# ------------------------------------------------------------------ scale
+def test_thousand_workers_eight_jobs_completes():
+    models = [resnet50(), vgg16(), bert_base()]
+    jobs = [JobSpec(models[k % 3], 1000, 20, start=0.01 * k) for k in range(8)]
+    link = LinkConfig(bandwidth=100e9 / 8)
+    for mode in MODES:
+        r = simulate(jobs, mode, link)
+        assert [len(s) for s in r.steps] == [20] * 8
+        assert all(x > 0 for j in range(8) for x in r.step_times(j))
+
+
+# ------------------------------------------------------------------ profiles
+def test_builtin_profiles_match_published_parameter_counts():
+    assert resnet50().params == 25_557_032
+    assert vgg16().params == 138_357_544
+    assert bert_base().params == 109_483_778   # BERT-base 109,482,240 + 2-way classifier
+    assert resnet50().num_tasks == 54 and vgg16().num_tasks == 16
+
+
+def test_profile_roundtrip_and_errors(tmp_path):
+    p = tmp_path / "p.json"
+    save_profile(toy(), str(p))
+    assert load_profile(str(p)) == toy()
+    d = json.loads(p.read_text())
+    d["layers"][1]["forward_s"] = -1
+    with pytest.raises(ValueError, match=r"layers\[1\]\.forward_s"):
+        profile_from_dict(d)
+    d["layers"][1]["forward_s"] = 0.1
+    d["layers"][0]["params"] = "x"
+    with pytest.raises(ValueError, match=r"layers\[0\]\.params"):
+        profile_from_dict(d)
+    with pytest.raises(ValueError, match="'layers'"):
+        profile_from_dict({"layers": []})
+    (tmp_path / "bad.json").write_text("{nope")
+    with pytest.raises(ValueError, match="not valid JSON"):
+        load_profile(str(tmp_path / "bad.json"))
+
+
+def test_simulate_rejects_bad_arguments():
+    with pytest.raises(ValueError, match="mode"):
+        simulate([JobSpec(toy(), 2, 1)], "lifo")
+    with pytest.raises(ValueError, match=r"jobs\[0\]\.workers"):
+        simulate([JobSpec(toy(), 0, 1)], "fifo")
+    with pytest.raises(ValueError, match="bandwidth"):
+        simulate([JobSpec(toy(), 2, 1)], "fifo", LinkConfig(bandwidth=0))
+    with pytest.raises(ValueError, match="topology"):
+        simulate([JobSpec(toy(), 2, 1)], "fifo", LinkConfig(topology="ring"))
+
+
+# ------------------------------------------------------------------ CLI
+@pytest.mark.parametrize("args, flag", [
+    (["--bandwidth", "fast"], "--bandwidth"),
+    (["--bandwidth", "0gbit"], "--bandwidth"),
+    (["--jobs", "0"], "--jobs"),
+    (["--workers", "-3"], "--workers"),
+    (["--steps", "1,x"], "--steps"),
+    (["--mode", "lifo"], "--mode"),
+    (["--model", "alexnet"], "--model"),
+    (["--model", "/nonexistent/p.json"], "--model"),
+    (["--num-groups", "0"], "--num-groups"),
+    (["--max-boost", "-1"], "--max-boost"),
+    (["--partition-bytes", "12XB"], "--partition-bytes"),
+    (["--latency", "soon"], "--latency"),
+    (["--jitter", "1.5"], "--jitter"),
+    (["--jobs", "3", "--steps", "1,2"], "--steps"),
+])
+def test_cli_errors_name_the_flag(args, flag, capsys):
+    rc = cli.main(args + ["--no-plot"])
+    err = capsys.readouterr().err
+    assert rc == 2
+    assert flag in err
+
+
+def test_cli_runs_and_writes_tables(tmp_path, capsys):
+    out = tmp_path / "o"
+    rc = cli.main(["--model", "resnet50", "--jobs", "2", "--workers", "4", "--steps", "5",
+                   "--bandwidth", "10gbit", "--mode", "all", "--out", str(out), "--no-plot"])
+    assert rc == 0
+    text = capsys.readouterr().out
+    for m in MODES:
+        assert f"| {m} |" in text
+    data = json.loads((out / "results.json").read_text())
+    assert {r["mode"] for r in data["rows"]} == set(MODES)
+    assert (out / "results.md").read_text().count("| fifo |") == 2
+    assert (out / "steps.csv").exists()
+
+
+def test_cli_dispatch_and_validate(tmp_path, capsys):
+    from horovod_prio import cli as top
+    rc = top.main(["sim", "--validate", "--out", str(tmp_path)])
+    assert rc == 0
+    v = json.loads((tmp_path / "validation.json").read_text())
+    assert all(r["within_15pct"] for r in v["rows"])
+    assert "| 2 jobs, Horovod |" in capsys.readouterr().out
+
+
+def test_cli_plot_when_matplotlib_present(tmp_path):
+    pytest.importorskip("matplotlib")
+    rc = cli.main(["--model", "resnet50", "--jobs", "2", "--steps", "4",
+                   "--mode", "adaptive", "--out", str(tmp_path)])
+    assert rc == 0
+    assert (tmp_path / "steps.png").stat().st_size > 1000
+
+
+def test_sim_imports_no_tensorflow():
+    code = ("import sys, horovod_prio.sim.cli, horovod_prio.sim.validate; "
+            "sys.exit('tensorflow' in sys.modules)")
+    env = dict(os.environ, PYTHONPATH=REPO)
+    assert subprocess.run([sys.executable, "-c", code], env=env).returncode == 0
+
+
+# ------------------------------------------------------------------ profile.py (TF)
+def test_profile_py_measures_keras_model(tmp_path):
+    tf = pytest.importorskip("tensorflow")
+    spec = importlib.util.spec_from_file_location(
+        "hp_profile_test", os.path.join(REPO, "horovod_prio", "tensorflow", "profile.py"))
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    model = tf.keras.Sequential([tf.keras.Input(shape=(16,)),
+                                 tf.keras.layers.Dense(32, activation="relu"),
+                                 tf.keras.layers.Dense(4)])
+    prof = mod.profile_model(model, 8, warmup=1, repeats=2)
+    assert [l.params for l in prof.layers] == [16 * 32 + 32, 32 * 4 + 4]
+    assert all(l.forward_s > 0 and l.backward_s >= 0 for l in prof.layers)
+    path = tmp_path / "p.json"
+    save_profile(prof, str(path))
+    r = simulate([JobSpec(load_profile(str(path)), 2, 3)], "adaptive")
+    assert len(r.step_times(0)) == 3
