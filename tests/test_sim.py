@@ -141,68 +141,71 @@ def test_fair_share_of_identical_jobs_is_symmetric():
 
 # ------------------------------------------------------------------ arbiter unit
 class _FakeJob:
-    def __init__(self, idx):
+    def __init__(self, idx, log):
         self.idx = idx
-        self.got = []
+        self.log = log
 
     def submit(self, item):
-        self.got.append(item)
+        self.log.append((self.idx, item[1]))
 
 
-def _drain(arb, order):
-    while True:
-        before = arb.grants
-        arb.grant()
-        if arb.grants == before:
-            return
-        # complete everything granted so far
-        arb.inflight = 0
-
-
-def test_arbiter_grants_highest_priority_then_arrival_across_jobs():
-    a, b = _FakeJob(0), _FakeJob(1)
-    arb = _Arbiter(credit=1, bound=100)
+def test_per_job_arbiter_grants_highest_priority_then_arrival_across_jobs():
     log = []
-    for j in (a, b):
-        j.submit = (lambda j: (lambda item: log.append((j.idx, item[1]))))(j)
-    arb.request(a, 1, 10)
+    a, b = _FakeJob(0, log), _FakeJob(1, log)
+    arb = _Arbiter(credit=1, bound=100)
+    arb.request(a, 1, 10)        # granted at once: nothing in flight
     arb.request(b, 3, 10)
     arb.request(a, 3, 10)
     arb.request(b, 0, 10)
-    arb.grant()              # credit: one at a time (a chunk > credit goes alone)
-    assert log == [(1, 3)]
+    assert log == [(0, 1)]       # a chunk > credit goes alone
     for _ in range(3):
-        arb.done(10)
-        arb.grant()
-    assert log == [(1, 3), (0, 3), (0, 1), (1, 0)]
+        arb.done(None, None, 10)
+    assert log == [(0, 1), (1, 3), (0, 3), (1, 0)]
 
 
-def test_arbiter_starvation_bound_serves_a_low_priority_job():
-    hi, lo = _FakeJob(0), _FakeJob(1)
-    arb = _Arbiter(credit=1, bound=3)
+def test_per_job_arbiter_starvation_bound_serves_a_low_priority_job():
     log = []
-    hi.submit = lambda item: log.append("hi")
-    lo.submit = lambda item: log.append("lo")
+    hi, lo = _FakeJob(0, log), _FakeJob(1, log)
+    arb = _Arbiter(credit=1, bound=3)
+    arb.request(hi, 9, 1)
     arb.request(lo, 0, 1)
     for _ in range(10):
         arb.request(hi, 9, 1)
     for _ in range(11):
-        arb.grant()
-        arb.done(1)
-    assert log.index("lo") == 3          # passed over 3 times, then served
+        arb.done(None, None, 1)
+    order = [j for j, _ in log]
+    assert order.index(1) == 4          # passed over by 3 grants, then served
     assert arb.starvation_grants == 1
 
 
-def test_arbiter_credit_limits_inflight_bytes():
-    j = _FakeJob(0)
+def test_per_job_arbiter_credit_limits_inflight_bytes():
+    log = []
+    j = _FakeJob(0, log)
     arb = _Arbiter(credit=25, bound=100)
     for _ in range(5):
         arb.request(j, 0, 10)
-    arb.grant()
-    assert len(j.got) == 2 and arb.inflight == 20
-    arb.done(10)
-    arb.grant()
-    assert len(j.got) == 3
+    assert len(log) == 2 and arb.inflight == 20
+    arb.done(j, None, 10)
+    assert len(log) == 3
+
+
+def test_arbiter_modes_run_the_product_arbiter_by_default(monkeypatch):
+    from horovod_prio.arbiter import core
+    calls = []
+    orig = core.Arbiter.request
+
+    def spy(self, job, token, priority, nbytes, chunk=""):
+        calls.append(priority)
+        return orig(self, job, token, priority, nbytes, chunk)
+    monkeypatch.setattr(core.Arbiter, "request", spy)
+    prof = resnet50()
+    r = simulate([JobSpec(prof, 8, 3), JobSpec(prof, 8, 3)], "arbiter",
+                 LinkConfig(bandwidth=10e9 / 8))
+    assert calls and r.arbiter_grants == len(calls)
+    assert set(calls) == {0, 1, 2, 3}
+    calls.clear()
+    simulate([JobSpec(prof, 8, 3)], "arbiter", LinkConfig(arbiter="per-job"))
+    assert calls == []
 
 
 # ------------------------------------------------------------------ adaptive
@@ -247,9 +250,10 @@ def test_adaptive_uses_the_product_policy_class(monkeypatch):
 
 def test_boost_gives_a_job_precedence_on_the_arbitrated_link():
     """A boosted job's groups outrank the other job's: with the boost applied
-    to every group it finishes its steps faster than its peer."""
+    to every group (and no starvation bound) it finishes its steps faster
+    than its peer."""
     prof = resnet50()
-    link = LinkConfig(bandwidth=10e9 / 8)
+    link = LinkConfig(bandwidth=10e9 / 8, starvation_bound=0)
     cfg = pcfg(adjust_groups=4, step=4, max_boost=4, count_threshold=1000, warmup_batches=1)
     jobs = [JobSpec(prof, 8, 60), JobSpec(prof, 8, 60, start=5 * 0.2)]
     r = simulate(jobs, "adaptive", link, cfg)

@@ -139,8 +139,14 @@ def build_parser() -> argparse.ArgumentParser:
     a("--cycle-time", type=parse_duration, default=1e-3, help="Horovod cycle time (default 1ms)")
     a("--fusion-threshold", type=_bytes, default=128 * 1024 * 1024,
       help="Horovod fusion buffer (default 128MiB)")
-    a("--starvation-bound", type=_int_min(1), default=16,
-      help="arbiter: a job passed over by this many consecutive grants goes next (default 16)")
+    a("--arbiter", choices=("product", "per-job"), default="product",
+      help="arbiter/adaptive modes: 'product' runs horovod_prio.arbiter.core.Arbiter "
+           "(per-request starvation bound); 'per-job': a job passed over by K consecutive "
+           "grants goes next (default product)")
+    a("--arbiter-credit", type=_bytes, default=16 * 1024 * 1024,
+      help="granted-but-unfinished bytes per link (default 16MiB, the arbiter's default)")
+    a("--starvation-bound", type=_int_min(0), default=8,
+      help="arbiter starvation bound K, 0 = none (default 8, the arbiter's default)")
     a("--step-overhead", type=parse_duration, default=0.0,
       help="fixed time added to every step (optimizer apply, input pipeline)")
     g = p.add_argument_group("priority / policy knobs (PriorityConfig fields; defaults from it)")
@@ -229,7 +235,8 @@ def _run(args, argv) -> int:
                          f"got {len(args.steps)}")
     link = LinkConfig(bandwidth=args.bandwidth, latency=args.latency, topology=args.topology,
                       cycle_time=args.cycle_time, fusion_threshold=args.fusion_threshold,
-                      starvation_bound=args.starvation_bound, step_overhead=args.step_overhead)
+                      starvation_bound=args.starvation_bound, step_overhead=args.step_overhead,
+                      arbiter=args.arbiter, arbiter_credit=args.arbiter_credit)
     try:
         link.validate()
     except ValueError as e:

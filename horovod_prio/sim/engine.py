@@ -59,6 +59,7 @@ from .profiles import Profile
 
 MODES = ("fifo", "priority", "arbiter", "adaptive")
 TOPOLOGIES = ("nic", "bus")
+ARBITERS = ("product", "per-job")
 _EPS_BYTES = 1e-3
 
 
@@ -71,7 +72,9 @@ class LinkConfig:
     topology: str = "nic"
     cycle_time: float = 1e-3             # Horovod >= 0.21 default
     fusion_threshold: int = 128 * 1024 * 1024  # Horovod >= 0.21 default
-    starvation_bound: int = 16
+    starvation_bound: int = 8                  # arbiter CLI default
+    arbiter_credit: int = 16 * 1024 * 1024     # arbiter CLI default (per link)
+    arbiter: str = "product"                   # "product" | "per-job"
     step_overhead: float = 0.0
 
     def validate(self) -> None:
@@ -87,10 +90,13 @@ class LinkConfig:
         if self.topology not in TOPOLOGIES:
             raise ValueError(f"topology must be one of {', '.join(TOPOLOGIES)}, "
                              f"got {self.topology!r}")
-        for name in ("fusion_threshold", "starvation_bound"):
+        if self.arbiter not in ARBITERS:
+            raise ValueError(f"arbiter must be one of {', '.join(ARBITERS)}, got {self.arbiter!r}")
+        for name in ("fusion_threshold", "starvation_bound", "arbiter_credit"):
             v = getattr(self, name)
-            if isinstance(v, bool) or not isinstance(v, numbers.Integral) or v < 1:
-                raise ValueError(f"{name} must be an integer >= 1, got {v!r}")
+            lo = 0 if name == "starvation_bound" else 1
+            if isinstance(v, bool) or not isinstance(v, numbers.Integral) or v < lo:
+                raise ValueError(f"{name} must be an integer >= {lo}, got {v!r}")
 
 
 @dataclass
@@ -128,6 +134,8 @@ class SimResult:
     makespan: float
     events: int
     policy_events: List[List[dict]] = field(default_factory=list)
+    arbiter_grants: int = 0
+    starvation_grants: int = 0
 
     def step_times(self, job: int) -> List[float]:
         return [r.seconds for r in self.steps[job]]
@@ -135,7 +143,7 @@ class SimResult:
 
 class _Msg:
     __slots__ = ("job", "nbytes", "link_bytes", "priority", "arrival", "bypassed", "units",
-                 "on_done", "remaining")
+                 "on_done", "remaining", "token")
 
     def __init__(self, job, nbytes, link_bytes, priority, units, on_done):
         self.job, self.nbytes, self.link_bytes = job, nbytes, link_bytes
@@ -233,9 +241,11 @@ class _Arbiter:
     def request(self, job, priority: int, nbytes: int):
         self.jobs[job.idx] = job
         heapq.heappush(self.queues.setdefault(job.idx, []), (-priority, next(self.arrivals), nbytes))
+        self.grant()
 
-    def done(self, nbytes: int):
+    def done(self, job, token, nbytes: int):
         self.inflight -= nbytes
+        self.grant()
 
     def grant(self):
         queues = self.queues
@@ -243,7 +253,8 @@ class _Arbiter:
             waiting = [j for j, q in queues.items() if q]
             if not waiting:
                 return
-            starving = [j for j in waiting if self.passed.get(j, 0) >= self.bound]
+            starving = [j for j in waiting
+                        if self.bound and self.passed.get(j, 0) >= self.bound]
             if starving:
                 jid = min(starving, key=lambda j: (-self.passed[j], j))
             else:
@@ -258,7 +269,47 @@ class _Arbiter:
             self.grants += 1
             for j in waiting:
                 self.passed[j] = 0 if j == jid else self.passed.get(j, 0) + 1
-            self.jobs[jid].submit((nbytes, -negp))
+            self.jobs[jid].submit((nbytes, -negp, None))
+
+
+class _ProductArbiter:
+    """Adapter running the product's grant policy,
+    :class:`horovod_prio.arbiter.core.Arbiter` (per-request starvation bound:
+    a request passed over by ``bound`` later-arrived grants goes next), on
+    the simulated clock; leases never expire."""
+
+    def __init__(self, sim: "_Sim", credit: int, bound: int):
+        from ..arbiter.core import Arbiter
+        self.core = Arbiter(credit_bytes=credit, lease_seconds=1e18, starvation_bound=bound,
+                            clock=lambda: sim.now)
+        self.handles: Dict[int, object] = {}
+        self.jobs: Dict[int, "_Job"] = {}
+        self.tokens = itertools.count()
+
+    def _handle(self, job):
+        h = self.handles.get(job.idx)
+        if h is None:
+            h = self.handles[job.idx] = self.core.register(str(job.idx), "link")
+            self.jobs[job.idx] = job
+        return h
+
+    def _deliver(self, grants):
+        for r in grants or ():
+            self.jobs[int(r.job.job_id)].submit((r.nbytes, r.priority, r.token))
+
+    def request(self, job, priority: int, nbytes: int):
+        self._deliver(self.core.request(self._handle(job), next(self.tokens), priority, nbytes))
+
+    def done(self, job, token, nbytes: int):
+        self._deliver(self.core.complete(self._handle(job), token))
+
+    @property
+    def starvation_grants(self) -> int:
+        return sum(ln.c["starvation_grants"] for ln in self.core.links.values())
+
+    @property
+    def grants(self) -> int:
+        return sum(ln.c["grants"] for ln in self.core.links.values())
 
 
 class _Job:
@@ -327,7 +378,7 @@ class _Job:
         if self.mode == "fifo":
             self.outstanding = len(self.task_bytes)
             for i, (r, b) in enumerate(zip(self.task_ready, self.task_bytes)):
-                self.sim.at(now + r * f, self.submit, (b, i))
+                self.sim.at(now + r * f, self.submit, (b, i, None))
         else:
             self.outstanding = 0
             for g, (r, b) in enumerate(zip(self.group_ready, self.group_bytes)):
@@ -371,9 +422,7 @@ class _Job:
                 self.arbiter.request(self, prio, size)
             else:
                 heapq.heappush(self.held, (-prio, next(self.ready_seq), size))
-        if self.arbiter is not None:
-            self.arbiter.grant()
-        else:
+        if self.arbiter is None:
             self.release()
 
     def release(self):
@@ -383,7 +432,7 @@ class _Job:
                 return
             heapq.heappop(self.held)
             self.inflight += size
-            self.submit((size, -negp))
+            self.submit((size, -negp, None))
 
     # ---------------------------------------------------------- horovod loop
     def submit(self, item):
@@ -408,7 +457,7 @@ class _Job:
         msgs = []
         if self.mode == "fifo":
             buf, nb = 0, 0
-            for b, _ in items:
+            for b, _, _ in items:
                 if nb and buf + b > self.cfg.fusion_threshold:
                     msgs.append(self._msg(buf, 0, nb))
                     buf, nb = 0, 0
@@ -416,13 +465,15 @@ class _Job:
                 nb += 1
             msgs.append(self._msg(buf, 0, nb))
         else:
-            msgs = [self._msg(b, prio, 1) for b, prio in items]
+            msgs = [self._msg(b, prio, 1, tok) for b, prio, tok in items]
         self.cycle_list = msgs
         self.busy = True
         self._run_next()
 
-    def _msg(self, nbytes, prio, units):
-        return _Msg(self.idx, nbytes, nbytes * self.byte_factor, prio, units, self._msg_done)
+    def _msg(self, nbytes, prio, units, token=None):
+        m = _Msg(self.idx, nbytes, nbytes * self.byte_factor, prio, units, self._msg_done)
+        m.token = token
+        return m
 
     def _run_next(self):
         if not self.cycle_list:
@@ -442,8 +493,7 @@ class _Job:
     def _msg_done(self, msg):
         self.outstanding -= msg.units
         if self.arbiter is not None:
-            self.arbiter.done(msg.nbytes)
-            self.arbiter.grant()
+            self.arbiter.done(self, msg.token, msg.nbytes)
         elif self.mode != "fifo":
             self.inflight -= msg.nbytes
             self.release()
@@ -473,8 +523,11 @@ def simulate(jobs: Sequence[JobSpec], mode: str, link: Optional[LinkConfig] = No
             raise ValueError(f"jobs[{i}].jitter must be a number in [0, 1), got {j.jitter!r}")
     sim = _Sim()
     ln = _SharedLink(sim, link.bandwidth)
-    arb = (_Arbiter(pcfg.credit_bytes, link.starvation_bound)
-           if mode in ("arbiter", "adaptive") else None)
+    arb = None
+    if mode in ("arbiter", "adaptive"):
+        arb = (_ProductArbiter(sim, link.arbiter_credit, link.starvation_bound)
+               if link.arbiter == "product" else
+               _Arbiter(link.arbiter_credit, link.starvation_bound))
     records: List[List[StepRecord]] = [[] for _ in jobs]
     js = [_Job(i, spec, sim, ln, link, pcfg, mode, records[i], arb)
           for i, spec in enumerate(jobs)]
@@ -483,7 +536,10 @@ def simulate(jobs: Sequence[JobSpec], mode: str, link: Optional[LinkConfig] = No
     sim.run()
     makespan = max((r[-1].end for r in records if r), default=0.0)
     pev = [[e.as_dict() for e in j.policy.events] if j.policy is not None else [] for j in js]
-    return SimResult(mode, list(jobs), records, ln.busy_s, makespan, sim.events, pev)
+    res = SimResult(mode, list(jobs), records, ln.busy_s, makespan, sim.events, pev)
+    if arb is not None:
+        res.arbiter_grants, res.starvation_grants = arb.grants, arb.starvation_grants
+    return res
 
 
 def comm_floor(profile: Profile, workers: int, link: LinkConfig) -> float:
