@@ -290,6 +290,38 @@ def test_external_grant_through_tf():
     cc.set_grant_callbacks(None, None)
 
 
+def test_aborted_step_withdraws_held_chunk():
+    """A step that fails while a chunk is held must fail, not hang."""
+    cc.configure(credit_bytes=0, hold=True)
+    cc.set_tracing(True)
+    big = tf.zeros([8], tf.uint8)
+    run_with_timeout(lambda: hold_blocker(big), 30)  # keeps "held" waiting
+
+    def fail_once_held(y):
+        wait_for(lambda: cc.stats()["queued"] == 1, what="chunk held")
+        raise RuntimeError("boom while held")
+
+    @tf.function
+    def step(x, y):
+        out = cc.done(tf.identity(cc.gate(x, 1, "held")), "held")
+        f = tf.py_function(fail_once_held, [y], tf.float32)
+        return out, f
+
+    x = tf.constant([1.0, 2.0])
+    with pytest.raises(tf.errors.OpError):
+        run_with_timeout(lambda: step(x, x), 60)
+    s = cc.stats()
+    assert s["cancelled"] == 1 and s["queued"] == 0, s
+    assert [e["kind"] for e in cc.drain_events() if e["name"] == "held"] == ["ready", "cancel"]
+    run_with_timeout(lambda: free_blocker(big), 30)
+    assert cc.stats()["inflight_bytes"] == 0
+    # A released chunk whose Done never ran can be forgotten explicitly.
+    run_with_timeout(lambda: hold_blocker(big), 30)
+    assert cc.abandon_inflight() == 1
+    s = cc.stats()
+    assert s["inflight_bytes"] == 0 and s["abandoned"] == 1
+
+
 def test_bad_inputs_have_clear_errors():
     with pytest.raises(ValueError, match="credit_bytes"):
         cc.configure(credit_bytes=-1, hold=True)

@@ -24,7 +24,7 @@ import threading
 
 __all__ = [
     "SchedulerOpError", "library_path", "load", "gate", "done", "configure",
-    "set_tracing", "set_max_events", "drain_events", "stats", "reset",
+    "set_tracing", "set_max_events", "drain_events", "stats", "reset", "abandon_inflight",
     "set_external_grant", "set_grant_callbacks", "grant", "STATS_FIELDS",
 ]
 
@@ -45,6 +45,7 @@ STATS_FIELDS = (
     "submitted", "released", "completed", "max_inflight_bytes", "queued",
     "inflight_bytes", "inflight_chunks", "unknown_completions", "dropped_events",
     "credit_bytes", "hold", "external_grant", "requested", "unknown_grants", "tracing",
+    "cancelled", "abandoned",
 )
 
 _REQUEST_CB = ctypes.CFUNCTYPE(None, ctypes.c_char_p, ctypes.c_int64, ctypes.c_int64)
@@ -79,6 +80,7 @@ def _setup_ctypes(lib):
         "hvdprio_stats_fields": (ctypes.c_char_p, []),
         "hvdprio_stats": (c_int, [i64p, c_int]),
         "hvdprio_reset": (c_int, []),
+        "hvdprio_abandon_inflight": (i64, []),
         "hvdprio_set_external_grant": (None, [c_int]),
         "hvdprio_set_grant_callbacks": (None, [_REQUEST_CB, _COMPLETE_CB]),
         "hvdprio_grant": (c_int, [ctypes.c_char_p]),
@@ -208,7 +210,7 @@ def set_max_events(n):
 
 def drain_events():
     """Return and forget the recorded events, oldest first, as dicts with keys
-    kind ("ready"|"request"|"release"|"done"), name, priority, bytes,
+    kind ("ready"|"request"|"release"|"done"|"cancel"), name, priority, bytes,
     t_us (system clock, microseconds; compare with time.time()*1e6), queued,
     inflight_bytes and, for "request"/"release", waiting_max_priority."""
     lib = _lib()
@@ -238,6 +240,14 @@ def reset():
     Raises RuntimeError if chunks are still held (their ops would never finish)."""
     if not _lib().hvdprio_reset():
         raise RuntimeError("reset: refused, chunks are still waiting in the scheduler: %r" % stats())
+
+
+def abandon_inflight():
+    """Forget released chunks whose Done will never run (call after a failed step, else
+    their bytes stay "in flight" and may hold later chunks forever); returns how many.
+    Chunks still held when a step is aborted are withdrawn automatically (the gate
+    fails with Cancelled)."""
+    return int(_lib().hvdprio_abandon_inflight())
 
 
 def set_external_grant(on):

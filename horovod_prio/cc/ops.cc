@@ -6,6 +6,8 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstring>
+#include <atomic>
+#include <memory>
 #include <mutex>
 #include <stdexcept>
 #include <string>
@@ -75,12 +77,82 @@ class HvdPrioGateOp : public AsyncOpKernel {
     // The output is the input buffer (no copy).  Setting it now, on the TF
     // thread, is invisible downstream until done() runs.
     ctx->set_output(0, ctx->input(0));
-    // done() is called by whichever thread releases the chunk: this one (if
-    // it may go at once), a HvdPrioDone kernel, or a Grant() caller.
-    Scheduler::Get().Submit(chunk_name_, priority, bytes, std::move(done));
+
+    // done() runs exactly once: from whichever thread releases the chunk
+    // (this one if it may go at once, a HvdPrioDone kernel, a Grant() caller)
+    // or, if the step is aborted while the chunk is held, from the
+    // cancellation callback with a Cancelled status.
+    auto st = std::make_shared<GateState>();
+    st->done = std::move(done);
+    st->name = chunk_name_;
+    st->ctx = ctx;
+    st->cm = ctx->cancellation_manager();
+    if (st->cm != nullptr) {
+      st->token = st->cm->get_cancellation_token();
+      const bool registered = st->cm->RegisterCallback(st->token, [st]() {
+        uint64_t ticket;
+        {
+          std::lock_guard<std::mutex> l(st->mu);
+          if (!st->submitted) {  // Submit() has not returned yet
+            st->cancel_requested = true;
+            return;
+          }
+          ticket = st->ticket;
+        }
+        if (Scheduler::Get().Cancel(ticket)) st->Finish(/*cancelled=*/true, false);
+      });
+      if (!registered) {  // the step is already being cancelled
+        ctx->SetStatus(errors::Cancelled("HvdPrioGate(", chunk_name_,
+                                         "): step cancelled"));
+        st->done();
+        return;
+      }
+    }
+    const std::string name = chunk_name_;
+    const uint64_t ticket = Scheduler::Get().Submit(
+        name, priority, bytes, [st]() { st->Finish(false, true); });
+    // From here on ctx may be gone (released and done() already ran).
+    bool cancel_now;
+    {
+      std::lock_guard<std::mutex> l(st->mu);
+      st->submitted = true;
+      st->ticket = ticket;
+      cancel_now = st->cancel_requested;
+    }
+    if (cancel_now && Scheduler::Get().Cancel(ticket)) st->Finish(true, false);
   }
 
  private:
+  struct GateState {
+    std::mutex mu;
+    bool submitted = false;
+    bool cancel_requested = false;
+    uint64_t ticket = 0;
+    std::atomic<bool> finished{false};
+    DoneCallback done;
+    std::string name;
+    OpKernelContext* ctx = nullptr;
+    CancellationManager* cm = nullptr;
+    CancellationToken token = 0;
+
+    // released: the scheduler let the chunk go; else it was withdrawn.
+    void Finish(bool cancelled, bool released) {
+      if (finished.exchange(true)) return;
+      if (released && cm != nullptr) {
+        // Non-blocking; fails harmlessly if cancellation is under way (its
+        // callback will find the chunk already released and do nothing).
+        cm->TryDeregisterCallback(token);
+      }
+      if (cancelled) {
+        ctx->SetStatus(errors::Cancelled("HvdPrioGate(", name,
+                                         "): step cancelled while the chunk was "
+                                         "held by the scheduler"));
+      }
+      DoneCallback d = std::move(done);
+      d();
+    }
+  };
+
   std::string chunk_name_;
 };
 
@@ -183,7 +255,7 @@ int64_t hvdprio_drain_events(char* buf, int64_t cap) {
     text.append(",\"t_us\":" + std::to_string(e.t_us));
     text.append(",\"queued\":" + std::to_string(e.queued));
     text.append(",\"inflight_bytes\":" + std::to_string(e.inflight_bytes));
-    if (e.kind == "release" || e.kind == "request") {
+    if (e.kind == "release" || e.kind == "request") {  // not ready/done/cancel
       text.append(",\"waiting_max_priority\":" +
                   std::to_string(e.waiting_max_priority));
     }
@@ -201,7 +273,7 @@ int64_t hvdprio_drain_events(char* buf, int64_t cap) {
 const char* hvdprio_stats_fields() {
   return "submitted,released,completed,max_inflight_bytes,queued,inflight_bytes,"
          "inflight_chunks,unknown_completions,dropped_events,credit_bytes,hold,"
-         "external_grant,requested,unknown_grants,tracing";
+         "external_grant,requested,unknown_grants,tracing,cancelled,abandoned";
 }
 
 // Writes min(n, N) values into out (order: hvdprio_stats_fields()); returns N.
@@ -211,11 +283,16 @@ int hvdprio_stats(int64_t* out, int n) {
                        s.max_inflight_bytes, s.queued,    s.inflight_bytes,
                        s.inflight_chunks, s.unknown_completions, s.dropped_events,
                        s.credit_bytes,   s.hold,            s.external_grant,
-                       s.requested,      s.unknown_grants,  s.tracing};
+                       s.requested,      s.unknown_grants,  s.tracing,
+                       s.cancelled,      s.abandoned};
   const int N = static_cast<int>(sizeof(v) / sizeof(v[0]));
   for (int i = 0; i < n && i < N && out != nullptr; ++i) out[i] = v[i];
   return N;
 }
+
+// Drops in-flight bookkeeping of chunks whose Done will never run (after a
+// failed step); returns how many.
+int64_t hvdprio_abandon_inflight() { return Scheduler::Get().AbandonInflight(); }
 
 // Returns 1 on success, 0 if refused because chunks are waiting/requested.
 int hvdprio_reset() {

@@ -140,8 +140,8 @@ void Scheduler::Deliver(std::unique_lock<std::mutex>* lk, Pending* p) {
   delivering_ = false;
 }
 
-void Scheduler::Submit(const std::string& name, int64_t priority, int64_t bytes,
-                       Release release) {
+uint64_t Scheduler::Submit(const std::string& name, int64_t priority,
+                           int64_t bytes, Release release) {
   if (bytes < 0) {
     throw std::invalid_argument("bytes must be >= 0, got " +
                                 std::to_string(bytes) + " for chunk " + name);
@@ -155,6 +155,54 @@ void Scheduler::Submit(const std::string& name, int64_t priority, int64_t bytes,
   Pending p;
   PumpLocked(&p);
   Deliver(&lk, &p);
+  return seq;
+}
+
+bool Scheduler::Cancel(uint64_t ticket) {
+  std::unique_lock<std::mutex> lk(mu_);
+  Pending p;
+  auto w = std::find_if(waiting_.begin(), waiting_.end(),
+                        [&](const auto& kv) { return kv.first.second == ticket; });
+  if (w != waiting_.end()) {
+    Waiting c = std::move(w->second);
+    waiting_.erase(w);
+    ++st_.cancelled;
+    RecordLocked("cancel", c.name, c.priority, c.bytes, INT64_MIN);
+    // The callback is dropped after the lock is released (it may own state).
+    p.push_back([drop = std::move(c.release)]() {});
+  } else {
+    auto r = std::find_if(requested_.begin(), requested_.end(),
+                          [&](const Requested& x) { return x.seq == ticket; });
+    if (r == requested_.end()) return false;
+    Requested c = std::move(*r);
+    requested_.erase(r);
+    inflight_bytes_ -= c.bytes;
+    ++st_.cancelled;
+    RecordLocked("cancel", c.name, c.priority, c.bytes, INT64_MIN);
+    p.push_back([drop = std::move(c.release)]() {});
+  }
+  // Removing a chunk can unblock others (it may have been the strict head).
+  PumpLocked(&p);
+  Deliver(&lk, &p);
+  return true;
+}
+
+int64_t Scheduler::AbandonInflight() {
+  std::unique_lock<std::mutex> lk(mu_);
+  int64_t n = 0;
+  for (auto& kv : inflight_) {
+    for (const InFlight& f : kv.second) {
+      inflight_bytes_ -= f.bytes;
+      ++n;
+    }
+  }
+  inflight_.clear();
+  inflight_chunks_ = 0;
+  st_.abandoned += n;
+  Pending p;
+  PumpLocked(&p);
+  Deliver(&lk, &p);
+  return n;
 }
 
 void Scheduler::Complete(const std::string& name) {

@@ -39,7 +39,7 @@ namespace horovod_prio {
 
 // One trace record.  kind: "ready" (Submit), "request" (external mode: passed
 // the local rule, waiting for Grant), "release", "done" (Complete of a known
-// chunk).  queued = chunks waiting (not yet released or requested) right after
+// chunk), "cancel" (Cancel of a waiting/requested chunk).  queued = chunks waiting (not yet released or requested) right after
 // the event; inflight_bytes = bytes released or requested and not completed,
 // right after the event.  waiting_max_priority is meaningful for "request" and
 // "release": the max priority among the chunks that were waiting when the
@@ -72,6 +72,8 @@ struct Stats {
   int64_t requested = 0;         // waiting for Grant now
   int64_t unknown_grants = 0;
   int64_t tracing = 0;
+  int64_t cancelled = 0;         // waiting/requested chunks withdrawn by Cancel
+  int64_t abandoned = 0;         // in-flight chunks dropped by AbandonInflight
 };
 
 class Scheduler {
@@ -97,9 +99,22 @@ class Scheduler {
   void SetTracing(bool on);
   void SetMaxEvents(size_t max_events);
 
-  void Submit(const std::string& name, int64_t priority, int64_t bytes,
-              Release release);
+  // Returns a ticket for Cancel().  The release callback may already have run
+  // (on this thread) when Submit returns.
+  uint64_t Submit(const std::string& name, int64_t priority, int64_t bytes,
+                  Release release);
   void Complete(const std::string& name);
+
+  // Withdraws a chunk that is still waiting (or requested, not yet granted):
+  // its release callback will never run and its reserved bytes are freed.
+  // Returns false if it was already released (or the ticket is unknown).
+  // Used when a TF step is aborted while its chunks are held.
+  bool Cancel(uint64_t ticket);
+
+  // Forgets every released-but-not-completed chunk (e.g. after a failed step
+  // whose Done ops will never run), so in-flight bytes drop to 0; later
+  // Complete()s of those names count as unknown.  Returns how many.
+  int64_t AbandonInflight();
 
   // External grant mode.  Turning it off releases requested-but-ungranted
   // chunks at once (as if granted).

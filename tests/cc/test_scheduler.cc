@@ -378,6 +378,53 @@ void TestExternalGrant() {
   CheckTraceRule(ev, 100);
 }
 
+void TestCancelAndAbandon() {
+  Scheduler s;
+  s.Configure(100, true);
+  s.SetTracing(true);
+  Log log;
+  s.Submit("x", 0, 60, log.Cb("x"));
+  uint64_t ty = s.Submit("y", 10, 60, log.Cb("y"));  // strict head, waits
+  s.Submit("z", 1, 10, log.Cb("z"));                 // blocked behind y
+  CHECK(!log.Has("z"));
+  CHECK(s.Cancel(ty));  // y withdrawn: z may go now (70 <= 100)
+  CHECK(!log.Has("y"));
+  CHECK(log.Has("z"));
+  CHECK(!s.Cancel(ty));      // twice
+  CHECK(!s.Cancel(123456));  // unknown
+  Stats st = s.GetStats();
+  CHECK_EQ(st.cancelled, int64_t(1));
+  CHECK_EQ(st.queued, int64_t(0));
+  CHECK_EQ(st.inflight_bytes, int64_t(70));
+  // A step died: x and z will never complete.
+  uint64_t tw = s.Submit("w", 0, 50, log.Cb("w"));
+  CHECK(!log.Has("w"));
+  CHECK_EQ(s.AbandonInflight(), int64_t(2));
+  CHECK(log.Has("w"));
+  CHECK(!s.Cancel(tw));  // already released
+  s.Complete("x");       // late: unknown
+  s.Complete("w");
+  st = s.GetStats();
+  CHECK_EQ(st.abandoned, int64_t(2));
+  CHECK_EQ(st.unknown_completions, int64_t(1));
+  CHECK_EQ(st.inflight_bytes, int64_t(0));
+  // Cancel of a requested (external) chunk frees its reservation.
+  s.SetExternalGrant(true);
+  uint64_t ta = s.Submit("a", 0, 90, log.Cb("a"));
+  s.Submit("b", 0, 90, log.Cb("b"));
+  CHECK_EQ(s.GetStats().requested, int64_t(1));
+  CHECK(s.Cancel(ta));
+  CHECK_EQ(s.GetStats().requested, int64_t(1));  // b requested now
+  CHECK(s.Grant("b"));
+  CHECK(log.Has("b"));
+  CHECK(!log.Has("a"));
+  s.Complete("b");
+  CHECK_EQ(s.GetStats().inflight_bytes, int64_t(0));
+  int cancels = 0;
+  for (auto& e : s.DrainEvents()) cancels += e.kind == "cancel";
+  CHECK_EQ(cancels, 2);
+}
+
 void TestStress() {
   Scheduler s;
   const int64_t credit = 1000;
@@ -473,6 +520,7 @@ int main() {
       {"event_bound", TestEventBound},
       {"callback_reentry", TestCallbackReentry},
       {"external_grant", TestExternalGrant},
+      {"cancel_and_abandon", TestCancelAndAbandon},
       {"stress", TestStress},
   };
   for (auto& t : tests) {
