@@ -558,7 +558,7 @@ def test_hung_arbiter_mid_run_detected_by_heartbeat(server_factory, client_facto
     assert ga.wait_for("hold")
     b.request("queued", 1, 100)
     assert wait_until(lambda: link_stats(srv)["pending"] == 1)
-    srv.loop.call_soon_threadsafe(time.sleep, 1.5)  # the arbiter hangs
+    srv.call_soon(time.sleep, 1.5)  # the arbiter hangs
     t0 = time.monotonic()
     assert gb.wait_for("queued", timeout=1.2)       # heartbeat unanswered -> local grant
     assert time.monotonic() - t0 < 1.2
@@ -574,7 +574,7 @@ def test_hung_arbiter_mid_run_detected_by_heartbeat(server_factory, client_facto
 def test_request_to_hung_arbiter_falls_back(server_factory, client_factory):
     srv = server_factory(credit_bytes=1 << 20)
     a, ga = client_factory(srv.address, "A", timeout=0.1)
-    srv.loop.call_soon_threadsafe(time.sleep, 1.0)
+    srv.call_soon(time.sleep, 1.0)
     time.sleep(0.02)
     a.request("x", 1, 1)
     assert ga.wait_for("x", timeout=0.9)            # no GRANT/QUEUED within timeout

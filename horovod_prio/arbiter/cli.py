@@ -147,7 +147,7 @@ def main(argv=None):
 
     signal.signal(signal.SIGTERM, _stop)
     signal.signal(signal.SIGINT, _stop)
-    while not ev.is_set() and srv._thread.is_alive():
+    while not ev.is_set() and srv.is_alive():
         ev.wait(0.5)
     srv.stop()
     return 0 if done else 1
