@@ -145,6 +145,20 @@ def test_same_library_for_ops_and_ctypes():
     assert s["inflight_bytes"] == 0 and s["unknown_completions"] == 0
 
 
+def test_gradient_passes_through():
+    cc.configure(credit_bytes=0, hold=True)
+    x = tf.Variable([1.0, -2.0, 3.0])
+
+    @tf.function
+    def grad():
+        with tf.GradientTape() as tape:
+            y = cc.done(cc.gate(x * x, 2, "sq"), "sq")
+            loss = tf.reduce_sum(y)
+        return tape.gradient(loss, x)
+    g = run_with_timeout(grad, 30)
+    np.testing.assert_allclose(g.numpy(), [2.0, -4.0, 6.0])
+
+
 def test_held_chunks_released_by_priority_within_credit():
     n = 7
     xs = make_inputs(n, seed=1)
