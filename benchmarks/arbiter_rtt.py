@@ -47,6 +47,7 @@ def _job(idx, addr, samples, interval, warmup, q, start_evt):
         return
     start_evt.wait(30)
     rtts = []
+    cpu0 = time.process_time()
     for i in range(warmup + samples):
         got.clear()
         t0 = time.perf_counter_ns()
@@ -60,8 +61,78 @@ def _job(idx, addr, samples, interval, warmup, q, start_evt):
         if interval:
             time.sleep(interval)
     c = cl.counters
+    c["cpu_seconds"] = time.process_time() - cpu0
     cl.close()
     q.put((idx, rtts, c))
+
+
+def _echo_server(port_q, stop_evt):
+    """Floor: bare selectors echo (no auth, no policy, no framing)."""
+    import selectors
+    import socket
+    ls = socket.socket()
+    ls.bind(("127.0.0.1", 0))
+    ls.listen(64)
+    ls.setblocking(False)
+    port_q.put(ls.getsockname()[1])
+    sel = selectors.DefaultSelector()
+    sel.register(ls, selectors.EVENT_READ)
+    while not stop_evt.is_set():
+        for key, _ in sel.select(0.2):
+            if key.fileobj is ls:
+                c, _ = ls.accept()
+                c.setblocking(False)
+                c.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+                sel.register(c, selectors.EVENT_READ)
+            else:
+                try:
+                    d = key.fileobj.recv(65536)
+                except OSError:
+                    d = b""
+                if not d:
+                    sel.unregister(key.fileobj)
+                    key.fileobj.close()
+                else:
+                    key.fileobj.send(d)
+
+
+def _echo_job(idx, port, samples, interval, warmup, q, start_evt):
+    """Same structure as a job (I/O thread + callback + Event) against the echo."""
+    import selectors
+    import socket
+    s = socket.create_connection(("127.0.0.1", port))
+    s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    s.setblocking(False)
+    got = threading.Event()
+    t_grant = [0]
+    stop = threading.Event()
+
+    def io():
+        sel = selectors.DefaultSelector()
+        sel.register(s, selectors.EVENT_READ)
+        while not stop.is_set():
+            for _ in sel.select(0.025):
+                try:
+                    if s.recv(65536):
+                        t_grant[0] = time.perf_counter_ns()
+                        got.set()
+                except BlockingIOError:
+                    pass
+    th = threading.Thread(target=io, daemon=True)
+    th.start()
+    start_evt.wait(30)
+    rtts = []
+    for i in range(warmup + samples):
+        got.clear()
+        t0 = time.perf_counter_ns()
+        s.send(b"x" * 48)
+        got.wait(5)
+        if i >= warmup:
+            rtts.append(t_grant[0] - t0)
+        if interval:
+            time.sleep(interval)
+    stop.set()
+    q.put((idx, rtts, {"fallback_grants": 0}))
 
 
 def pct(sorted_vals, p):
@@ -69,6 +140,63 @@ def pct(sorted_vals, p):
         return float("nan")
     k = min(len(sorted_vals) - 1, max(0, int(round(p / 100.0 * (len(sorted_vals) - 1)))))
     return sorted_vals[k]
+
+
+def _proc_cpu_seconds(pid):
+    """utime + stime of a process (Linux /proc), or None."""
+    try:
+        with open("/proc/%d/stat" % pid) as f:
+            fields = f.read().rpartition(")")[2].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def _summary(args, all_rtts, errors, extra):
+    all_rtts.sort()
+    us = lambda ns: round(ns / 1000.0, 1)  # noqa: E731
+    res = {
+        "jobs": args.jobs, "samples": len(all_rtts), "interval_s": args.interval,
+        "cpus": os.cpu_count(), "python": sys.version.split()[0],
+        "loadavg_1m": round(os.getloadavg()[0], 2),
+        "rtt_us": {"p50": us(pct(all_rtts, 50)), "p90": us(pct(all_rtts, 90)),
+                   "p99": us(pct(all_rtts, 99)), "max": us(all_rtts[-1]) if all_rtts else None},
+        "errors": errors,
+    }
+    res.update(extra)
+    if not args.json:
+        print("%s round trip, %d jobs, %d samples, interval %.4fs, %s CPUs, load %.2f:"
+              % ("baseline echo" if args.baseline else "arbiter grant", args.jobs, len(all_rtts),
+                 args.interval, os.cpu_count(), res["loadavg_1m"]))
+        print("  p50 %.1f us  p90 %.1f us  p99 %.1f us  max %.1f us" % (
+            res["rtt_us"]["p50"], res["rtt_us"]["p90"], res["rtt_us"]["p99"], res["rtt_us"]["max"]))
+    print(json.dumps(res, sort_keys=True))
+    return 1 if errors else 0
+
+
+def _baseline(args):
+    ctx = mp.get_context("spawn")
+    port_q, q = ctx.Queue(), ctx.Queue()
+    stop_evt, start_evt = ctx.Event(), ctx.Event()
+    srv = ctx.Process(target=_echo_server, args=(port_q, stop_evt))
+    srv.start()
+    try:
+        port = port_q.get(timeout=30)
+        procs = [ctx.Process(target=_echo_job, args=(i, port, args.samples, args.interval, args.warmup,
+                                                     q, start_evt)) for i in range(args.jobs)]
+        for p in procs:
+            p.start()
+        time.sleep(0.5)
+        start_evt.set()
+        all_rtts = []
+        for _ in procs:
+            all_rtts += q.get(timeout=600)[1]
+        for p in procs:
+            p.join(30)
+    finally:
+        stop_evt.set()
+        srv.join(10)
+    return _summary(args, all_rtts, [], {"baseline": True})
 
 
 def main(argv=None):
@@ -79,8 +207,13 @@ def main(argv=None):
     ap.add_argument("--interval", type=float, default=0.001,
                     help="seconds each job sleeps between chunks (0 = closed loop)")
     ap.add_argument("--json", action="store_true", help="print only the JSON result")
+    ap.add_argument("--baseline", action="store_true",
+                    help="measure the machine's floor instead: bare selectors echo server, same "
+                         "job structure (I/O thread + callback), no auth/policy")
     args = ap.parse_args(argv)
 
+    if args.baseline:
+        return _baseline(args)
     env = dict(os.environ, HOROVOD_PRIO_ARBITER_SECRET=SECRET,
                PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
     srv = subprocess.Popen([sys.executable, "-m", "horovod_prio.cli", "arbiter", "--bind", "127.0.0.1:0",
@@ -113,27 +246,18 @@ def main(argv=None):
             p.join(30)
         from horovod_prio.arbiter.client import fetch_stats
         stats = fetch_stats(addr, SECRET)
+        srv_cpu = _proc_cpu_seconds(srv.pid)
     finally:
         srv.terminate()
         srv.wait(10)
-    all_rtts.sort()
-    us = lambda ns: round(ns / 1000.0, 1)  # noqa: E731
-    res = {
-        "jobs": args.jobs, "samples": len(all_rtts), "interval_s": args.interval,
-        "cpus": os.cpu_count(), "python": sys.version.split()[0],
-        "rtt_us": {"p50": us(pct(all_rtts, 50)), "p90": us(pct(all_rtts, 90)),
-                   "p99": us(pct(all_rtts, 99)), "max": us(all_rtts[-1]) if all_rtts else None},
+    return _summary(args, all_rtts, errors, {
         "fallback_grants": sum(c["fallback_grants"] for c in counters.values()),
         "arbiter_grants": stats["links"].get("link0", {}).get("grants"),
-        "errors": errors,
-    }
-    if not args.json:
-        print("arbiter grant round trip, %d jobs on one link, %d samples, interval %.4fs, %s CPUs:"
-              % (args.jobs, len(all_rtts), args.interval, os.cpu_count()))
-        print("  p50 %.1f us  p90 %.1f us  p99 %.1f us  max %.1f us" % (
-            res["rtt_us"]["p50"], res["rtt_us"]["p90"], res["rtt_us"]["p99"], res["rtt_us"]["max"]))
-    print(json.dumps(res, sort_keys=True))
-    return 1 if errors else 0
+        # CPU per grant (request + grant + complete): load-independent cost
+        "server_cpu_us_per_grant": round(srv_cpu / max(1, stats["links"]["link0"]["grants"]) * 1e6, 1)
+        if srv_cpu is not None else None,
+        "client_cpu_us_per_grant": round(sum(c["cpu_seconds"] for c in counters.values())
+                                         / max(1, len(all_rtts) + args.jobs * args.warmup) * 1e6, 1)})
 
 
 if __name__ == "__main__":

@@ -49,6 +49,9 @@ from . import protocol as P
 log = logging.getLogger("horovod_prio.arbiter")
 
 _MAX_OUTBUF = 1 << 20
+# recv() buffer: keep it <= 64 KiB; larger sizes make CPython allocate (mmap) and
+# shrink a big bytes object on every call (measured ~20 us extra per recv here).
+_RECV_SIZE = 65536
 
 # request states
 _NEW, _SENT, _QUEUED, _LOCAL = 0, 1, 2, 3
@@ -378,13 +381,21 @@ class ArbiterClient:
                 self._fail_locked("not connected within %.3fs of a request" % self.timeout, now, cbs)
             return
         # ready
-        if self._unacked and next(iter(self._unacked.values())) <= now:
-            self._fail_locked("no reply to a request within %.3fs" % self.timeout, now, cbs)
-            return
-        if self._ping_sent is not None and self._last_rx < self._ping_sent \
-                and now - self._ping_sent > self.timeout:
-            self._fail_locked("no heartbeat reply within %.3fs" % self.timeout, now, cbs)
-            return
+        ack_late = self._unacked and next(iter(self._unacked.values())) <= now
+        ping_late = self._ping_sent is not None and self._last_rx < self._ping_sent \
+            and now - self._ping_sent > self.timeout
+        if ack_late or ping_late:
+            # this thread may itself have been descheduled: read what has arrived first
+            self._on_readable_locked(cbs)
+            if self._cstate != "ready":
+                return
+            if self._unacked and next(iter(self._unacked.values())) <= now:
+                self._fail_locked("no reply to a request within %.3fs" % self.timeout, now, cbs)
+                return
+            if self._ping_sent is not None and self._last_rx < self._ping_sent \
+                    and now - self._ping_sent > self.timeout:
+                self._fail_locked("no heartbeat reply within %.3fs" % self.timeout, now, cbs)
+                return
         if self._pending:
             oldest = next(iter(self._pending.values()))
             if oldest.t + self.max_wait <= now:
@@ -522,7 +533,7 @@ class ArbiterClient:
     def _on_readable_locked(self, cbs):
         now = time.monotonic()
         try:
-            data = self._sock.recv(262144)
+            data = self._sock.recv(_RECV_SIZE)
         except (BlockingIOError, InterruptedError):
             return
         except OSError as e:
