@@ -116,9 +116,9 @@ class StepRecord:
     step: int
     start: float
     end: float
-    boost: int = 0
-    outcome: str = ""
-    decayed: bool = False
+    boost: int = 0          # boost in force during the step
+    outcome: str = ""       # policy outcome; "slow" = boost raised, "slow-capped" = at max
+    decayed: bool = False   # the decay before this step lowered the boost
 
     @property
     def seconds(self) -> float:
@@ -366,7 +366,10 @@ class _Job:
     # ---------------------------------------------------------- steps
     def start_step(self):
         now = self.sim.now
-        decayed = self.policy.before_batch() if self.policy is not None else False
+        decayed = False
+        if self.policy is not None:
+            before = self.policy.boost
+            decayed = self.policy.before_batch() and self.policy.boost < before
         self.prios = self.policy.priorities if self.policy is not None else (
             self.base if self.mode != "fifo" else ())
         self.step_start = now
@@ -406,6 +409,8 @@ class _Job:
         if self.policy is not None:
             boost = self.policy.boost
             outcome = self.policy.after_batch(secs)
+            if outcome == "slow" and self.policy.boost == boost:
+                outcome = "slow-capped"   # already at max_boost: nothing raised
         self.records.append(StepRecord(self.idx, self.step, self.step_start, now, boost,
                                        outcome, self.decayed))
         self.step += 1

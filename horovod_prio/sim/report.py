@@ -87,11 +87,17 @@ def write_outputs(out_dir: str, rows: List[Dict], results: Dict[str, SimResult],
     importable) ``steps.png``; returns the paths written."""
     os.makedirs(out_dir, exist_ok=True)
     paths = []
+    # per-step records are in steps.csv; here only the boost-changing events
+    def changes(events):
+        out, prev = [], 0
+        for e in events:
+            if e["boost"] != prev:
+                out.append(e)
+            prev = e["boost"]
+        return out
     js = {"meta": meta, "rows": rows, "mode_mean_step_s": mode_means(rows),
-          "steps": {m: [[{"step": s.step, "start": s.start, "end": s.end, "boost": s.boost,
-                           "outcome": s.outcome, "decayed": s.decayed} for s in job]
-                         for job in r.steps] for m, r in results.items()},
-          "policy_events": {m: r.policy_events for m, r in results.items()}}
+          "boost_changes": {m: [changes(job) for job in r.policy_events]
+                            for m, r in results.items() if any(r.policy_events)}}
     p = os.path.join(out_dir, "results.json")
     with open(p, "w") as f:
         json.dump(js, f, indent=1, default=float)
@@ -153,6 +159,6 @@ def plot_steps(results: Dict[str, SimResult], path: str, title: str = "",
     if title:
         fig.suptitle(title, fontsize=10)
     fig.tight_layout()
-    fig.savefig(path, dpi=90)
+    fig.savefig(path, dpi=72)
     plt.close(fig)
     return path
