@@ -390,3 +390,31 @@ def test_profile_py_measures_keras_model(tmp_path):
     save_profile(prof, str(path))
     r = simulate([JobSpec(load_profile(str(path)), 2, 3)], "adaptive")
     assert len(r.step_times(0)) == 3
+
+
+# ------------------------------------------------------------------ validation / sweep
+def test_validate_reads_harness_results(tmp_path):
+    from horovod_prio.sim.validate import measured_from_harness
+    run = {"status": "ok", "config": ["horovod", "horovod"], "rate": "1gbit", "batch": 32,
+           "jobs": [{"model": "mlp", "steps": [{"t_start": 0.0, "t_end": 0.8, "warmup": False},
+                                               {"t_start": 0.8, "t_end": 1.62},
+                                               {"t_start": 9.0, "t_end": 19.0, "warmup": True}]},
+                    {"model": "mlp", "steps": [{"t_start": 0.0, "t_end": 0.84}]}]}
+    other = dict(run, rate="100mbit")
+    failed = dict(run, status="failed")
+    d = tmp_path / "quick"
+    d.mkdir()
+    (d / "results.json").write_text(json.dumps({"runs": [run, other, failed]}))
+    (tmp_path / "junk").mkdir()
+    (tmp_path / "junk" / "results.json").write_text("{broken")
+    got = measured_from_harness(str(tmp_path / "*" / "results.json"))
+    assert got == {("horovod", 2): [pytest.approx(0.81), pytest.approx(0.84)]}
+
+
+def test_sweep_smoke():
+    from horovod_prio.sim import sweep
+    rows, single, join = sweep.run(steps=12)
+    assert len(rows) == 18 and len(single) == 3 and len(join) == 3
+    for r in rows:
+        assert r["results"]["fifo"]["vs_fifo"] == 1.0
+    assert "| resnet50 | 10 |" in sweep.markdown(rows, single, join)

@@ -39,6 +39,11 @@ CONFIGS = (
 )
 
 
+def _wmean(r, job, window=None, skip=5) -> float:
+    xs = window_steps(r, job, window, skip=skip) or r.step_times(job)
+    return statistics.fmean(xs)
+
+
 def run(steps: int = 300, jitter: float = 0.02, workers: int = 8):
     rows = []
     for model, rates in MODELS:
@@ -54,7 +59,7 @@ def run(steps: int = 300, jitter: float = 0.02, workers: int = 8):
                 for label, mode, lk, pk in CONFIGS:
                     link = LinkConfig(**dict(vars(base), **lk))
                     r = simulate(jobs, mode, link, PriorityConfig.from_env({}, **pk))
-                    per_job = [statistics.fmean(window_steps(r, j, skip=5)) for j in range(2)]
+                    per_job = [_wmean(r, j) for j in range(2)]
                     res[label] = {"mean_s": statistics.fmean(per_job), "jobs_s": per_job,
                                   "link_busy": r.link_busy_s / r.makespan,
                                   "raises": sum(1 for j in r.steps for s in j
@@ -81,8 +86,8 @@ def run(steps: int = 300, jitter: float = 0.02, workers: int = 8):
             link = LinkConfig(**dict(vars(base), **lk))
             r = simulate(jobs, mode, link, PriorityConfig.from_env({}, **pk))
             w = (r.steps[1][0].start, r.steps[1][-1].end)
-            a = statistics.fmean(window_steps(r, 0, w, skip=0))
-            b = statistics.fmean(window_steps(r, 1, w, skip=3))
+            a = _wmean(r, 0, w, skip=0)
+            b = _wmean(r, 1, w, skip=3)
             out["results"][label] = {
                 "a_s": a, "b_s": b,
                 "raises": [sum(1 for s in j if s.outcome == "slow") for j in r.steps],
