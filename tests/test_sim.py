@@ -5,7 +5,6 @@ skipped when TensorFlow is not installed.
 """
 import importlib.util
 import json
-import math
 import os
 import statistics
 import subprocess

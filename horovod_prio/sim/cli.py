@@ -23,7 +23,7 @@ from typing import List, Optional
 from ..config import PriorityConfig, parse_bytes
 from .engine import MODES, TOPOLOGIES, JobSpec, LinkConfig, simulate
 from .profiles import BUILTIN, DEFAULT_TFLOPS, get_profile
-from .report import markdown_table, mode_means, summarize, write_outputs
+from .report import markdown_table, summarize, write_outputs
 
 _RATE_RE = re.compile(r"^\s*([0-9]*\.?[0-9]+(?:e[+-]?[0-9]+)?)\s*([kmgt]?)(bit|bps|b)?(/s)?\s*$",
                       re.I)
@@ -184,10 +184,6 @@ def _priority_config(args) -> PriorityConfig:
             if name in msg:
                 raise ValueError(f"argument {flag}: {msg}") from None
         raise
-
-
-class _Parser(argparse.ArgumentParser):
-    pass
 
 
 def main(argv: Optional[List[str]] = None) -> int:

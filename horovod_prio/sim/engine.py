@@ -29,14 +29,18 @@ Model (see docs/sim.md for the discussion):
   ``partition_bytes``; a gate releases the highest-priority held chunk first
   (ties: ready order) while released-but-unfinished bytes stay within
   ``credit_bytes`` (a chunk larger than the credit goes alone).
-* **Link sharing**: ``fifo`` and ``priority`` use *fair sharing*: the jobs
-  with a collective on the link split the bandwidth equally (processor
-  sharing; TCP's per-flow fairness with one ring per job - nothing in Horovod
-  lets one job yield to another). ``arbiter`` and ``adaptive`` use the
-  cross-job arbiter: the link carries one collective at a time at full rate
-  and, when free, serves the highest-priority waiting one across all jobs
-  (ties by arrival); a waiting collective bypassed ``starvation_bound`` times
-  is served next. Non-preemptive at chunk granularity.
+* **Link sharing**: the wire is always *fair shared*: the collectives on
+  it split the bandwidth equally (processor sharing; TCP's per-flow fairness
+  with one ring per job). In ``fifo`` and ``priority`` nothing else happens -
+  nothing in Horovod lets one job yield to another. ``arbiter`` and
+  ``adaptive`` add the cross-job arbiter: every job's ready chunks are
+  requests; the arbiter grants the highest priority across jobs (ties by
+  arrival) while granted-but-unfinished bytes on the link stay within
+  ``arbiter_credit``, with a starvation bound; only granted chunks go to the
+  job's Horovod engine. ``arbiter="product"`` runs
+  :class:`horovod_prio.arbiter.core.Arbiter` (a request passed over by K
+  later grants goes next); ``"per-job"`` is :class:`_Arbiter` (a job passed
+  over by K consecutive grants gets the next one).
 * **Adaptive** (``adaptive``): one :class:`~horovod_prio.policy.
   AdaptivePriorityPolicy` per job (built by :meth:`PriorityConfig.make_policy`
   - the product's code), ``before_batch()`` at step start, ``after_batch(t)``
@@ -142,15 +146,14 @@ class SimResult:
 
 
 class _Msg:
-    __slots__ = ("job", "nbytes", "link_bytes", "priority", "arrival", "bypassed", "units",
-                 "on_done", "remaining", "token")
+    __slots__ = ("job", "nbytes", "link_bytes", "priority", "units", "on_done", "remaining",
+                 "token")
 
     def __init__(self, job, nbytes, link_bytes, priority, units, on_done):
         self.job, self.nbytes, self.link_bytes = job, nbytes, link_bytes
         self.priority, self.units, self.on_done = priority, units, on_done
-        self.arrival = 0
-        self.bypassed = 0
         self.remaining = float(link_bytes)
+        self.token = None
 
 
 class _Sim:
