@@ -30,6 +30,7 @@ MEASURED_FLOOR = {1: 0.40, 2: 0.80}
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(os.path.dirname(HERE))
 DEFAULT_PROFILE = os.path.join(REPO, "benchmarks", "sim_results", "profile_mlp_b32.json")
+MEASURED_BATCHES = (8, 32, 128)
 #: compute seconds per step (fwd+bwd, batch 32, 1 thread) if no measured profile is found
 FALLBACK_COMPUTE_S = 0.0305
 
@@ -39,15 +40,21 @@ def harness_link(bandwidth_bits: float = 1e9) -> LinkConfig:
     return LinkConfig(bandwidth=bandwidth_bits / 8, latency=20e-6, topology="bus")
 
 
-def harness_profile(path: Optional[str] = None, ranks_per_core: float = 2.0) -> Profile:
+def harness_profile(path: Optional[str] = None, ranks_per_core: float = 2.0,
+                    batch: int = 32) -> Profile:
     """The MLP profile: measured by :mod:`horovod_prio.tensorflow.profile` if
     ``path`` (default ``benchmarks/sim_results/profile_mlp_b32.json``) exists,
     else the FLOP-split MLP with :data:`FALLBACK_COMPUTE_S`. Compute times are
     multiplied by ``ranks_per_core`` (the harness pins both ranks of a job to
     one core, so they time-share it)."""
-    path = path or DEFAULT_PROFILE
-    prof = load_profile(path) if os.path.exists(path) else mlp(compute_s=FALLBACK_COMPUTE_S)
-    return prof.scaled(ranks_per_core)
+    if path:
+        return load_profile(path).scaled(ranks_per_core)
+    # the measured profile with the largest batch <= batch, scaled linearly
+    for b in sorted((b for b in MEASURED_BATCHES if b <= batch), reverse=True):
+        p = DEFAULT_PROFILE.replace("_b32", f"_b{b}")
+        if os.path.exists(p):
+            return load_profile(p).scaled(ranks_per_core * batch / b)
+    return mlp(compute_s=FALLBACK_COMPUTE_S * batch / 32).scaled(ranks_per_core)
 
 
 def measured_from_harness(pattern: Optional[str] = None) -> Dict[Tuple[str, int], List[float]]:
@@ -115,11 +122,47 @@ def validate(profile_path: Optional[str] = None, steps: int = 60,
             if h and mode == "priority":
                 p["harness_latest_s"] = statistics.median(h)
             predictions.append(p)
-    return {"profile": prof.as_dict(), "compute_s": prof.compute_s,
+    sweep = predict_harness_sweep(steps=steps, ranks_per_core=ranks_per_core, priority=pcfg)
+    balanced = predict_harness_sweep(("2gbit", "4gbit", "8gbit"), (128, 256, 512), steps=steps,
+                                     ranks_per_core=ranks_per_core, priority=pcfg)
+    return {"profile": prof.as_dict(), "compute_s": prof.compute_s, "harness_sweep": sweep,
+            "harness_balanced": balanced,
             "ranks_per_core": ranks_per_core, "link": vars(link), "rows": rows,
             "predictions": predictions,
             "harness_files": sorted(glob.glob(os.path.join(REPO, "benchmarks", "results", "*",
                                                            "results.json")))}
+
+
+def predict_harness_sweep(rates=("500mbit", "1gbit", "2gbit"), batches=(8, 32, 128),
+                          steps: int = 60, ranks_per_core: float = 2.0,
+                          priority: Optional[PriorityConfig] = None) -> List[Dict]:
+    """Predictions for the harness's scenario c (two jobs on the shaped link,
+    rate x per-rank batch): mean s/step per mode and the ratio to Horovod."""
+    pcfg = priority or PriorityConfig.from_env({})
+    bits = {"500mbit": 5e8, "1gbit": 1e9, "2gbit": 2e9, "4gbit": 4e9, "8gbit": 8e9}
+    out = []
+    for rate in rates:
+        link = harness_link(bits[rate])
+        for b in batches:
+            prof = harness_profile(None, ranks_per_core, batch=b)
+            row = {"rate": rate, "batch": b, "compute_s": prof.compute_s,
+                   "comm_s": comm_floor(prof, 2, link)}
+            for mode in ("fifo", "priority", "arbiter", "adaptive"):
+                row[mode] = _sim_mean(prof, 2, mode, link, steps, pcfg)
+            out.append(row)
+    return out
+
+
+def sweep_table(rows: List[Dict]) -> str:
+    lines = ["| rate | batch/rank | compute / comm per job (s) | Horovod s/step | priority | "
+             "arbiter | adaptive | best speedup |", "|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        best = r["fifo"] / min(r["priority"], r["arbiter"], r["adaptive"])
+        lines.append(f"| {r['rate']} | {r['batch']} | {r['compute_s']:.3f} / {r['comm_s']:.3f} | "
+                     f"{r['fifo']:.3f} | {r['priority'] / r['fifo']:.3f} | "
+                     f"{r['arbiter'] / r['fifo']:.3f} | {r['adaptive'] / r['fifo']:.3f} | "
+                     f"{best:.2f}x |")
+    return "\n".join(lines)
 
 
 def validation_table(v: Dict) -> str:
@@ -138,4 +181,11 @@ def validation_table(v: Dict) -> str:
     for p in v["predictions"]:
         extra = f" (harness prio: {p['harness_latest_s']:.3f})" if "harness_latest_s" in p else ""
         lines.append(f"| {p['jobs']} | {p['mode']} | {p['sim_s']:.3f}{extra} |")
+    if v.get("harness_sweep"):
+        lines += ["", "Predicted for the harness's scenario c (two jobs; ratios to Horovod, "
+                  "< 1 is faster):", "", sweep_table(v["harness_sweep"])]
+    if v.get("harness_balanced"):
+        lines += ["", "Predicted for faster links / larger batches (compute closer to comm; "
+                  "batches above 128 scale the batch-128 profile linearly):", "",
+                  sweep_table(v["harness_balanced"])]
     return "\n".join(lines)

@@ -13,14 +13,14 @@ the previous layer's output, so only ``Sequential``-shaped models, i.e. a
 chain of layers, are supported). For each layer a ``tf.function`` computing
 its output, and one computing the gradients of ``sum(output * r)`` (fixed
 random ``r``) w.r.t. its input and its trainable weights, are each timed
-(median of ``repeats`` after ``warmup`` calls); backward = gradient call -
-forward call (floored at 0). TensorFlow is imported only when a function
+(best of ``repeats`` after ``warmup`` calls: the minimum is the least
+disturbed by other processes); backward = gradient call - forward call
+(floored at 0). TensorFlow is imported only when a function
 here is called.
 """
 from __future__ import annotations
 
 import argparse
-import statistics
 import sys
 import time
 from typing import Optional
@@ -62,7 +62,7 @@ def builtin_model(name: str):
                      f"saved Keras model path)")
 
 
-def _median_time(fn, args, warmup: int, repeats: int) -> float:
+def _best_time(fn, args, warmup: int, repeats: int) -> float:
     for _ in range(warmup):
         fn(*args)
     times = []
@@ -77,7 +77,8 @@ def _median_time(fn, args, warmup: int, repeats: int) -> float:
         else:
             out.numpy()
         times.append(time.perf_counter() - t)
-    return statistics.median(times)
+    # the minimum: least disturbed by other processes on the machine
+    return min(times)
 
 
 def _layer_fns(tf, layer, x):
@@ -128,14 +129,14 @@ def profile_model(model, batch_size: int, *, warmup: int = 3, repeats: int = 10,
         fwd, grad = _layer_fns(tf, layer, x)
         y = fwd(x)
         wts = list(layer.trainable_variables)
-        t_f = _median_time(fwd, (x,), warmup, repeats)
-        t_g = _median_time(grad, (x,), warmup, repeats)
+        t_f = _best_time(fwd, (x,), warmup, repeats)
+        t_g = _best_time(grad, (x,), warmup, repeats)
         params = int(sum(int(tf.size(w)) for w in wts))
         layers.append(Layer(layer.name, params, t_f, max(t_g - t_f, 0.0)))
         x = y
     import platform
     src = (f"measured with horovod_prio.tensorflow.profile on {platform.machine()} CPU, "
-           f"TF {tf.__version__}, threads {threads or 'default'}, median of {repeats}")
+           f"TF {tf.__version__}, threads {threads or 'default'}, best of {repeats}")
     return Profile(name or model.name, tuple(layers), batch_size, 4, src)
 
 
