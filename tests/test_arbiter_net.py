@@ -63,6 +63,14 @@ def wait_until(pred, timeout=5.0, step=0.005):
     return pred()
 
 
+class Reader(P.FrameReader):
+    """FrameReader plus a backlog of bodies already split off (for recv_body)."""
+
+    def __init__(self):
+        super().__init__()
+        self.backlog = []
+
+
 def free_port():
     s = socket.socket()
     s.bind(("127.0.0.1", 0))
@@ -113,7 +121,7 @@ def server_counters(srv):
 def raw_connect(addr, secret=SECRET):
     """Authenticated raw socket (for forging / fuzzing after the handshake)."""
     s = socket.create_connection(addr, timeout=5)
-    rd = P.FrameReader()
+    rd = Reader()
     cn = P.new_nonce()
     s.sendall(P.frame(P.MAGIC + cn))
     body = recv_body(s, rd)
@@ -123,14 +131,17 @@ def raw_connect(addr, secret=SECRET):
 
 
 def recv_body(s, rd, timeout=5.0):
+    """Next frame body; frames that arrived together are kept in `rd.backlog`."""
+    if rd.backlog:
+        return rd.backlog.pop(0)
     s.settimeout(timeout)
     while True:
         data = s.recv(65536)
         if not data:
             raise ConnectionError("closed")
-        b = rd.feed(data)
-        if b:
-            return b[0]
+        rd.backlog += rd.feed(data)
+        if rd.backlog:
+            return rd.backlog.pop(0)
 
 
 def is_closed_by_peer(s, timeout=5.0):
@@ -320,7 +331,7 @@ def test_wrong_secret_rejected_and_client_falls_back(server_factory, client_fact
 def test_bad_client_proof_closes_connection(server_factory):
     srv = server_factory()
     s = socket.create_connection(srv.address, timeout=5)
-    rd = P.FrameReader()
+    rd = Reader()
     cn = P.new_nonce()
     s.sendall(P.frame(P.MAGIC + cn))
     body = recv_body(s, rd)
@@ -609,7 +620,7 @@ class FakeArbiter:
             self.threads.append(t)
 
     def _serve(self, s):
-        rd = P.FrameReader()
+        rd = Reader()
         try:
             body = recv_body(s, rd)
             cn = body[4:]
@@ -618,9 +629,11 @@ class FakeArbiter:
             recv_body(s, rd)                        # proof (not checked: test double)
             sess = P.Session(P.session_key(SECRET, cn, sn), is_server=True)
             conn = (s, sess, threading.Lock())
-            queue = []
+            queue = rd.backlog
             s.settimeout(0.05)
             while not self.stop.is_set():
+                while queue:
+                    self.on_payload(conn, sess.open(queue.pop(0)))
                 try:
                     data = s.recv(65536)
                 except socket.timeout:
@@ -628,8 +641,6 @@ class FakeArbiter:
                 if not data:
                     return
                 queue += rd.feed(data)
-                while queue:
-                    self.on_payload(conn, sess.open(queue.pop(0)))
         except OSError:
             pass
         finally:
