@@ -1,0 +1,309 @@
+"""Behaviour of the emulated-link benchmark harness (benchmarks/), never speed."""
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from benchmarks import netns, report, run, workload
+from benchmarks.netns import HarnessError, ShapedLink
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def _ip_netns_usable():
+    if os.geteuid() != 0 or shutil.which("ip") is None or shutil.which("tc") is None:
+        return False
+    return subprocess.run(["ip", "netns", "list"], capture_output=True).returncode == 0
+
+
+needs_netns = pytest.mark.skipif(not _ip_netns_usable(),
+                                 reason="needs root and a working `ip netns` + tc")
+
+
+def _alive(pid):
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    # a zombie child of ours counts as dead
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().split(") ")[1][0] != "Z"
+    except OSError:
+        return False
+
+
+# ------------------------------------------------------------------ no root
+def test_clear_error_without_root(monkeypatch, capsys):
+    monkeypatch.setattr(os, "geteuid", lambda: 1000)
+    with pytest.raises(HarnessError, match="needs root"):
+        netns.require_root()
+    with pytest.raises(HarnessError, match="needs root"):
+        ShapedLink("1gbit").create()
+    assert run.main(["--quick"]) == 2
+    err = capsys.readouterr().err
+    assert "needs root" in err and "ip netns" in err
+
+
+# ------------------------------------------------------------------ arguments
+@pytest.mark.parametrize("argv, flag", [
+    (["--rate", "fast"], "--rate"),
+    (["--rate", "0gbit"], "--rate"),
+    (["--repeats", "0"], "--repeats"),
+    (["--scenario", "z"], "--scenario"),
+    (["--batches", "8,0"], "--batches"),
+    (["--rates", "1gbit,x"], "--rates"),
+    (["--delay", "5"], "--delay"),
+    (["--prio-env", "FOO=1"], "--prio-env"),
+    (["--steps", "-3"], "--steps"),
+    (["--priority", "high"], "--priority"),
+    (["--pin", "core"], "--pin"),
+])
+def test_bad_arguments_name_the_flag(argv, flag, capsys):
+    with pytest.raises(SystemExit) as e:
+        run.parse_args(argv)
+    assert e.value.code == 2
+    assert f"argument {flag}" in capsys.readouterr().err
+
+
+def test_workload_arguments(capsys):
+    with pytest.raises(SystemExit):
+        workload.parse_args(["--impl", "horovod", "--out", "x", "--priority", "1"])
+    assert "argument --priority" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        workload.parse_args(["--impl", "tf", "--out", "x"])
+    assert "argument --impl" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        workload.parse_args(["--impl", "prio", "--out", "x", "--batch", "0"])
+    assert "argument --batch" in capsys.readouterr().err
+    a = workload.parse_args(["--impl", "prio", "--out", "x", "--priority", "2"])
+    assert a.priority == 2
+
+
+def test_shaped_link_validates_values():
+    with pytest.raises(ValueError, match="rate"):
+        ShapedLink("fast")
+    with pytest.raises(ValueError, match="delay"):
+        ShapedLink("1gbit", delay="soon")
+    assert netns.parse_rate("1gbit") == 1e9
+    assert netns.parse_rate("500mbit") == 5e8
+
+
+def test_defaults_and_plan_interleave():
+    a = run.parse_args(["--quick"])
+    assert (a.scenario, a.repeats) == ("ab", 1)
+    a = run.parse_args(["--scenario", "b", "--repeats", "3"])
+    runs = run.plan(a, prio_ok=True)
+    assert [r["repeat"] for r in runs] == [0, 0, 0, 1, 1, 1, 2, 2, 2]
+    assert runs[0]["config"] != runs[3]["config"]        # order rotates per repeat
+    skipped = [r for r in run.plan(a, prio_ok=False) if r["skip"]]
+    assert skipped and all("prio" in r["config"] for r in skipped)
+
+
+def test_job_command_uses_gloo_on_lo(tmp_path):
+    if shutil.which("horovodrun") is None and not (Path(sys.executable).parent / "horovodrun").exists():
+        pytest.skip("horovodrun not installed")
+    cmd = run.job_command(run.JobSpec(name="job0", impl="prio", priority="3"), tmp_path)
+    s = " ".join(cmd)
+    assert "--gloo --network-interface lo -np 2 -H localhost:2" in s
+    assert "--impl prio" in s and "--priority 3" in s
+    cmd = run.job_command(run.JobSpec(name="job0", impl="horovod", priority="3"), tmp_path)
+    assert "--priority" not in cmd
+
+
+# ------------------------------------------------------------------ namespaces
+@needs_netns
+@pytest.mark.timeout(30)
+def test_netns_create_shape_and_cleanup(tmp_path):
+    link = ShapedLink("250mbit")
+    try:
+        link.create()
+        assert link.exists()
+        q = link.qdisc()
+        assert "tbf" in q and "250Mbit" in q
+        pidfile = tmp_path / "pid"
+        # a child that escapes our process group (like horovodrun's workers)
+        link.popen(["sh", "-c", f"setsid sleep 300 </dev/null >/dev/null 2>&1 & "
+                                f"echo $! > {pidfile}; sleep 300"])
+        deadline = time.time() + 5
+        while not (pidfile.exists() and pidfile.read_text().strip()) and time.time() < deadline:
+            time.sleep(0.05)
+        escaped = int(pidfile.read_text())
+        assert escaped in netns.namespace_pids(link.name)
+    finally:
+        link.cleanup()
+    assert not link.exists()
+    assert link.name not in netns.list_namespaces()
+    time.sleep(0.2)
+    assert not _alive(escaped)
+    link.cleanup()  # idempotent
+
+
+@needs_netns
+@pytest.mark.timeout(30)
+def test_stale_namespace_with_our_prefix_is_removed():
+    name = f"{netns.PREFIX}999999999-0"           # creator pid can never be alive
+    subprocess.run(["ip", "netns", "add", name], check=True)
+    try:
+        assert name in netns.cleanup_stale()
+        assert name not in netns.list_namespaces()
+    finally:
+        subprocess.run(["ip", "netns", "del", name], capture_output=True)
+
+
+@needs_netns
+@pytest.mark.timeout(30)
+def test_cleanup_after_failing_job(tmp_path, monkeypatch):
+    pidfile = tmp_path / "pid"
+    # a "job" that leaves an escaped child behind and then fails
+    monkeypatch.setattr(run, "job_command", lambda job, wd: [
+        "sh", "-c", f"setsid sleep 300 </dev/null >/dev/null 2>&1 & echo $! > {pidfile}; "
+                    "echo boom-from-job; sleep 0.3; exit 3"])
+    link = ShapedLink("1gbit")
+    try:
+        link.create()
+        with pytest.raises(run.RunFailed, match="status 3") as e:
+            run.run_jobs(link, [run.JobSpec(name="job0", impl="horovod")], tmp_path / "w", 20)
+        assert "boom-from-job" in str(e.value)
+    finally:
+        link.cleanup()
+    assert link.name not in netns.list_namespaces()
+    time.sleep(0.2)
+    assert not _alive(int(pidfile.read_text()))
+
+
+_CHILD = """
+import sys, time
+from benchmarks.netns import ShapedLink, install_signal_handlers
+install_signal_handlers()
+link = ShapedLink('1gbit')
+try:
+    link.create()
+    p = link.popen(['sh', '-c', 'setsid sleep 300 </dev/null >/dev/null 2>&1 & echo $!; sleep 300'],
+                   stdout=__import__('subprocess').PIPE, text=True)
+    print(link.name, p.stdout.readline().strip(), flush=True)
+    time.sleep(60)
+finally:
+    link.cleanup()
+"""
+
+
+@needs_netns
+@pytest.mark.timeout(40)
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
+def test_interrupt_cleans_up(sig):
+    p = subprocess.Popen([sys.executable, "-c", _CHILD], cwd=str(REPO), stdout=subprocess.PIPE,
+                         stderr=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        name, pid = p.stdout.readline().split()
+        assert name in netns.list_namespaces()
+        p.send_signal(sig)
+        p.wait(timeout=20)
+    finally:
+        if p.poll() is None:
+            os.killpg(p.pid, signal.SIGKILL)
+            p.wait()
+    assert name not in netns.list_namespaces()
+    time.sleep(0.2)
+    assert not _alive(int(pid))
+
+
+def _horovod_ready():
+    hr = Path(sys.executable).parent / "horovodrun"
+    if not hr.exists():
+        return False
+    return subprocess.run([sys.executable, "-c", "import horovod.tensorflow.keras"],
+                          capture_output=True, timeout=120).returncode == 0
+
+
+@needs_netns
+@pytest.mark.timeout(150)
+def test_real_horovod_job_failure_is_reported_and_cleaned(tmp_path):
+    if not _horovod_ready():
+        pytest.skip("horovod with TensorFlow not installed in this interpreter's venv")
+    link = ShapedLink("1gbit")
+    job = run.JobSpec(name="job0", impl="horovod", batch=8, steps=3, warmup=1, cpus="0",
+                      extra_args=["--fail-at-step", "1"])
+    try:
+        link.create()
+        with pytest.raises(run.RunFailed, match="exited with status"):
+            run.run_jobs(link, [job], tmp_path, timeout=120)
+    finally:
+        link.cleanup()
+    assert link.name not in netns.list_namespaces()
+
+
+# ------------------------------------------------------------------ report
+def _fixture_results():
+    def job(name, impl, step_s, t0, n=10, events=()):
+        steps = [{"step": i, "t_start": t0 + i * step_s, "t_end": t0 + (i + 1) * step_s,
+                  "warmup": i < 2} for i in range(n)]
+        return {"name": name, "impl": impl, "model": "mlp", "batch": 32, "steps": steps,
+                "meta": {"model": "mlp", "grad_bytes": 25_324_584, "size": 2,
+                         "t_process_start": t0 - 5},
+                "events": [{"t": t0 + t, "msg": m} for t, m in events],
+                "trace_events": [{"ts_us": 3.5e6, "name": "boost decay", "args": {}}]}
+
+    def link(t0, secs, rate_bps, busy):
+        return [[t0 + s, int(s * rate_bps * busy / 8)] for s in range(int(secs) + 2)]
+
+    t = 1_700_000_000.0
+    runs = []
+    for rep in range(2):
+        runs += [
+            {"scenario": "a", "config": ["horovod"], "rate": "1gbit", "batch": 32, "repeat": rep,
+             "status": "ok", "t_go": t, "jobs": [job("job0", "horovod", 0.45, t)],
+             "link_samples": link(t, 6, 1e9, 0.9)},
+            {"scenario": "a", "config": ["prio"], "rate": "1gbit", "batch": 32, "repeat": rep,
+             "status": "ok", "t_go": t, "jobs": [job("job0", "prio", 0.45, t)],
+             "link_samples": link(t, 6, 1e9, 0.9)},
+            {"scenario": "b", "config": ["horovod", "horovod"], "rate": "1gbit", "batch": 32,
+             "repeat": rep, "status": "ok", "t_go": t,
+             "jobs": [job("job0", "horovod", 0.8, t), job("job1", "horovod", 0.8, t + 0.1)],
+             "link_samples": link(t, 10, 1e9, 0.95)},
+            {"scenario": "b", "config": ["prio", "prio"], "rate": "1gbit", "batch": 32,
+             "repeat": rep, "status": "ok", "t_go": t,
+             "jobs": [job("job0", "prio", 0.6, t, n=14, events=[(2.0, "boost raised to 3")]),
+                      job("job1", "prio", 0.7, t, n=14, events=[(4.0, "boost decayed")])],
+             "link_samples": link(t, 10, 1e9, 0.97)},
+        ]
+    runs.append({"scenario": "b", "config": ["horovod", "prio"], "rate": "1gbit", "batch": 32,
+                 "repeat": 0, "status": "failed", "error": "job job1 (prio) exited with status 1\n.."})
+    return {"meta": {"command": "python -m benchmarks.run --quick", "date": "2026-01-01",
+                     "ncpu": 2, "pin": "job", "threads": 1, "model": "mlp", "steps": 8,
+                     "warmup": 2, "repeats": 2, "prio_available": True}, "runs": runs}
+
+
+def test_report_from_fixture_json(tmp_path):
+    src = tmp_path / "results.json"
+    src.write_text(json.dumps(_fixture_results()))
+    out = tmp_path / "out"
+    assert report.main([str(src), "--out", str(out)]) == 0
+    md = (out / "results.md").read_text()
+    assert "| scen | link |" in md
+    assert "| a | 1gbit | mlp, 32 | hvd |" in md
+    assert "| b | 1gbit | mlp, 32 | prio+prio | 0.600 | 0.700 | 0.650 |" in md
+    assert "1.23×" in md                       # 0.8 / 0.65 within the same repeat
+    assert "failed: job job1 (prio) exited with status 1" in md
+    assert "0.405" in md                       # 2 * 25.3 MB * 8 / 1 Gbit/s
+    png = (out / "steps.png").read_bytes()
+    assert png[:8] == b"\x89PNG\r\n\x1a\n" and len(png) < 300_000
+
+
+def test_report_stats_window_and_events():
+    res = _fixture_results()
+    r = [x for x in res["runs"] if x["config"] == ["prio", "prio"]][0]
+    st = report.run_stats(r)
+    lo, hi = st["window"]
+    assert lo == pytest.approx(r["jobs"][1]["steps"][2]["t_start"])  # job1 starts measuring last
+    assert hi == pytest.approx(r["jobs"][0]["steps"][-1]["t_end"])     # job0 ends first
+    assert st["link_busy"] == pytest.approx(0.97, abs=0.01)
+    ev = report.job_events(r["jobs"][0])
+    kinds = [k for _, k in ev]
+    assert "raise" in kinds and "decay" in kinds                       # logger + trace
