@@ -576,6 +576,7 @@ def test_hung_arbiter_mid_run_detected_by_heartbeat(server_factory, client_facto
     assert b.counters["fallback_grants"] == 1
     # after the hang the clients reconnect and use the arbiter again
     assert wait_until(lambda: a.connected and b.connected, timeout=5)
+    a.complete("hold")          # (dropped already if A fell back as well)
     b.request("again", 1, 100)
     assert gb.wait_for("again")
     assert b.counters["arbiter_grants"] == 1
@@ -832,3 +833,30 @@ def test_on_grant_may_reenter_and_errors_are_contained(server_factory, client_fa
     c.request("after", 1, 1)
     assert wait_until(lambda: "after" in seen)
     assert seen == ["first", "second", "boom", "after"]
+
+
+def test_client_from_config(clean_env):
+    from horovod_prio.arbiter.client import client_from_config
+    from horovod_prio.config import PriorityConfig
+    assert client_from_config(PriorityConfig.from_env({}), lambda c: None) is None
+    assert client_from_config(PriorityConfig.from_env({"HOROVOD_PRIO_LINK": "eth0"}), lambda c: None) is None
+    with pytest.raises(ValueError, match="HOROVOD_PRIO_ARBITER_SECRET"):
+        client_from_config(PriorityConfig.from_env({"HOROVOD_PRIO_ARBITER": "127.0.0.1:1",
+                                                    "HOROVOD_PRIO_LINK": "eth0"}), lambda c: None)
+    srv = ArbiterServer("127.0.0.1", 0, "ascii-secret", credit_bytes=100)
+    srv.start()
+    env = {"HOROVOD_PRIO_ARBITER": "127.0.0.1:%d" % srv.address[1], "HOROVOD_PRIO_LINK": "eth0",
+           "HOROVOD_PRIO_JOB_ID": "cfg-job", "HOROVOD_PRIO_ARBITER_SECRET": "ascii-secret",
+           "HOROVOD_PRIO_ARBITER_TIMEOUT": "0.5"}
+    g = Grants()
+    c = client_from_config(PriorityConfig.from_env(env), g)
+    try:
+        assert c.timeout == 0.5 and c.link == "eth0" and c.job_id == "cfg-job"
+        assert wait_until(lambda: c.connected)
+        c.request("x", 1, 10)
+        assert g.wait_for("x")
+        assert c.counters["arbiter_grants"] == 1
+        assert link_stats(srv, "eth0")["grants_per_job"] == {"cfg-job": 1}
+    finally:
+        c.close()
+        srv.stop()

@@ -6,8 +6,8 @@
 
 See ``docs/arbiter.md`` for the protocol, configuration and counters.
 """
-from .client import ArbiterClient, fetch_stats, parse_address
+from .client import ArbiterClient, client_from_config, fetch_stats, parse_address
 from .core import Arbiter
 from .server import ArbiterServer
 
-__all__ = ["ArbiterClient", "ArbiterServer", "Arbiter", "fetch_stats", "parse_address"]
+__all__ = ["ArbiterClient", "client_from_config", "ArbiterServer", "Arbiter", "fetch_stats", "parse_address"]

@@ -39,6 +39,7 @@ also counted in ``fallback_grants`` (warned once per client).
 """
 import collections
 import logging
+import os
 import selectors
 import socket
 import threading
@@ -381,9 +382,13 @@ class ArbiterClient:
                 self._fail_locked("not connected within %.3fs of a request" % self.timeout, now, cbs)
             return
         # ready
+        # While requests wait, a PING must be answered within `timeout`; while
+        # idle, within max(timeout, idle_heartbeat) (a request made meanwhile
+        # is guarded by its own ack deadline).
+        ping_limit = self.timeout if self._pending else max(self.timeout, self._idle_hb)
         ack_late = self._unacked and next(iter(self._unacked.values())) <= now
         ping_late = self._ping_sent is not None and self._last_rx < self._ping_sent \
-            and now - self._ping_sent > self.timeout
+            and now - self._ping_sent > ping_limit
         if ack_late or ping_late:
             # this thread may itself have been descheduled: read what has arrived first
             self._on_readable_locked(cbs)
@@ -393,8 +398,8 @@ class ArbiterClient:
                 self._fail_locked("no reply to a request within %.3fs" % self.timeout, now, cbs)
                 return
             if self._ping_sent is not None and self._last_rx < self._ping_sent \
-                    and now - self._ping_sent > self.timeout:
-                self._fail_locked("no heartbeat reply within %.3fs" % self.timeout, now, cbs)
+                    and now - self._ping_sent > ping_limit:
+                self._fail_locked("no heartbeat reply within %.3fs" % ping_limit, now, cbs)
                 return
         if self._pending:
             oldest = next(iter(self._pending.values()))
@@ -610,8 +615,28 @@ class ArbiterClient:
             raise P.ProtocolError("unknown message type 0x%02x from arbiter" % kind)
 
 
+def client_from_config(cfg, on_grant, **kwargs):
+    """An :class:`ArbiterClient` from a ``PriorityConfig`` (fields ``arbiter``,
+    ``link``, ``job_id``, ``arbiter_secret``, ``arbiter_timeout``), or ``None``
+    when the job has not opted in (``arbiter`` or ``link`` unset).
+
+    ``job_id`` defaults to ``"<hostname>-<pid>"``; a missing secret raises
+    ``ValueError`` naming ``HOROVOD_PRIO_ARBITER_SECRET``. ``kwargs`` go to
+    the constructor (``max_wait``, ``backoff_max``, ...)."""
+    address = getattr(cfg, "arbiter", None)
+    link = getattr(cfg, "link", None)
+    if not address or not link:
+        return None
+    secret = getattr(cfg, "arbiter_secret", None)
+    if not secret:
+        raise ValueError("PriorityConfig.arbiter_secret is required when arbiter is set "
+                         "(env HOROVOD_PRIO_ARBITER_SECRET)")
+    job_id = getattr(cfg, "job_id", None) or "%s-%d" % (socket.gethostname(), os.getpid())
+    timeout = getattr(cfg, "arbiter_timeout", None) or 0.05
+    return ArbiterClient(address, link, job_id, secret, on_grant, timeout=timeout, **kwargs)
+
+
 def os_strerror(err):
-    import os
     try:
         return os.strerror(err)
     except ValueError:
