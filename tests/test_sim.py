@@ -413,7 +413,7 @@ def test_validate_reads_harness_results(tmp_path):
 def test_sweep_smoke():
     from horovod_prio.sim import sweep
     rows, single, join = sweep.run(steps=12)
-    assert len(rows) == 18 and len(single) == 3 and len(join) == 3
+    assert len(rows) == 18 and len(single) == 3 and len(join) == 6
     for r in rows:
         assert r["results"]["fifo"]["vs_fifo"] == 1.0
     assert "| resnet50 | 10 |" in sweep.markdown(rows, single, join)

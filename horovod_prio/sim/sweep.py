@@ -25,6 +25,8 @@ from .engine import JobSpec, LinkConfig, comm_floor, simulate, window_steps
 from .profiles import get_profile
 
 MODELS = (("resnet50", (5, 10, 25)), ("vgg16", (10, 25, 50)), ("bert-base", (10, 25, 50)))
+#: (job 0 model, job 1 model, Gbit/s) of the mixed "a job joins" runs
+MIXED = (("resnet50", "vgg16", 25), ("resnet50", "bert-base", 25), ("bert-base", "vgg16", 25))
 #: label -> (mode, LinkConfig overrides, PriorityConfig overrides)
 CONFIGS = (
     ("fifo", "fifo", {}, {}),
@@ -74,14 +76,16 @@ def run(steps: int = 300, jitter: float = 0.02, workers: int = 8):
                              "comm_s": comm_floor(prof, workers, base), "alone_s": alone,
                              "results": res})
     join = []
-    for model, rates in MODELS:
-        prof = get_profile(model)
-        base = LinkConfig(bandwidth=rates[1] * 1e9 / 8)
-        alone = statistics.fmean(simulate([JobSpec(prof, workers, 30)], "fifo",
+    pairs = [(m, m, rates[1]) for m, rates in MODELS] + list(MIXED)
+    for m0, m1, gbit in pairs:
+        p0, p1 = get_profile(m0), get_profile(m1)
+        base = LinkConfig(bandwidth=gbit * 1e9 / 8)
+        alone = statistics.fmean(simulate([JobSpec(p0, workers, 30)], "fifo",
                                           base).step_times(0)[1:])
-        jobs = [JobSpec(prof, workers, steps, 0.0, jitter=jitter, seed=1),
-                JobSpec(prof, workers, steps // 3, 20.4 * alone, jitter=jitter, seed=1)]
-        out = {"model": model, "gbit": rates[1], "alone_s": alone, "results": {}}
+        jobs = [JobSpec(p0, workers, steps, 0.0, jitter=jitter, seed=1),
+                JobSpec(p1, workers, steps // 3, 20.4 * alone, jitter=jitter, seed=1)]
+        out = {"model": m0 if m0 == m1 else f"{m0} + {m1}", "gbit": gbit, "alone_s": alone,
+               "results": {}}
         for label, mode, lk, pk in CONFIGS:
             link = LinkConfig(**dict(vars(base), **lk))
             r = simulate(jobs, mode, link, PriorityConfig.from_env({}, **pk))
@@ -122,8 +126,8 @@ def markdown(rows, single, join=()) -> str:
         lines.append(f"| {r['model']} | {r['gbit']} | {r['compute_s']:.3f} / {r['comm_s']:.3f} "
                      f"| {r['start']} | {res['fifo']['mean_s']:.3f} | " + " | ".join(cells) + " |")
     if join:
-        lines += ["", "A job joins: job 0 runs alone for 20 steps, job 1 (same model) joins for "
-                  "a third of the run, then leaves. s/step of job 0 / job 1 while both run; "
+        lines += ["", "A job joins: job 0 runs alone for 20 steps, job 1 (same or another "
+                  "model) joins for a third of the run, then leaves. s/step of job 0 / job 1 while both run; "
                   "boost raises / effective decays of job 0 and job 1.", "",
                   "| model | Gbit/s | config | job 0 s/step | job 1 s/step | mean | raises | "
                   "decays | max boost |", "|---|---|---|---|---|---|---|---|---|"]
