@@ -198,6 +198,12 @@ def main(argv: Optional[List[str]] = None) -> int:
     except ValueError as e:
         print(f"horovod-prio sim: error: {e}", file=sys.stderr)
         return 2
+    except BrokenPipeError:  # e.g. `| head`: stop quietly
+        try:
+            sys.stdout = open(os.devnull, "w")
+        except OSError:
+            pass
+        return 0
 
 
 def _run(args, argv) -> int:
