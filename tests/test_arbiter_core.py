@@ -220,3 +220,71 @@ def test_bad_requests_raise():
                     (dict(starvation_bound=-1), "starvation_bound")):
         with pytest.raises(ValueError, match=msg):
             Arbiter(**kw)
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_random_operations_keep_invariants(seed):
+    """Randomised: credit respected, nothing grantable left waiting, and with
+    K = 0 every grant is the most urgent (priority, then arrival) pending request."""
+    import random
+    rng = random.Random(seed)
+    K = rng.choice([0, 0, 2, 5])
+    credit = rng.choice([100, 250, 1000])
+    a, clock = mk(credit=credit, lease=5.0, K=K)
+    jobs = [a.register("J%d" % i, "L") for i in range(3)]
+    granted = {}                     # (job, token) -> nbytes
+    pending = {}                     # (job, token) -> (priority, seq)
+    seq = [0]
+    tok = [0]
+
+    def apply(grants, before_pending):
+        for r in grants:
+            key = (r.job.job_id, r.token)
+            assert key in pending
+            if K == 0:
+                best = max(before_pending.values(), key=lambda ps: (ps[0], -ps[1]))
+                assert pending[key] == best, "granted %r but %r was more urgent" % (pending[key], best)
+            before_pending.pop(key)
+            del pending[key]
+            granted[key] = r.nbytes
+
+    for _ in range(400):
+        op = rng.random()
+        if op < 0.5 or not granted:
+            j = rng.choice(jobs)
+            tok[0] += 1
+            seq[0] += 1
+            prio, nbytes = rng.randint(-3, 3), rng.choice([0, 10, 60, 100, 300])
+            pending[(j.job_id, tok[0])] = (prio, seq[0])
+            apply(a.request(j, tok[0], prio, nbytes, "c"), dict(pending))
+        elif op < 0.9:
+            key = rng.choice(sorted(granted))
+            job = next(j for j in jobs if j.job_id == key[0])
+            del granted[key]
+            apply(a.complete(job, key[1]), dict(pending))
+        elif op < 0.95:
+            clock.t += 6.0               # every current grant expires
+            expired = list(granted)
+            granted.clear()
+            out = a.expire()
+            apply(out, dict(pending))
+            assert a.stats()["L"]["expired_leases"] >= len(expired)
+        else:
+            j = rng.choice(jobs)
+            before = len(pending)
+            for key in [k for k in pending if k[0] == j.job_id]:
+                del pending[key]
+            for key in [k for k in granted if k[0] == j.job_id]:
+                del granted[key]
+            apply(a.drop(j), dict(pending))
+            assert len(pending) <= before
+            jobs[jobs.index(j)] = a.register(j.job_id, "L")
+        ln = a.links["L"]
+        assert ln.outstanding_bytes == sum(granted.values())
+        assert ln.outstanding == len(granted)
+        if sum(1 for n in granted.values() if n) > 1:       # an oversized grant goes alone
+            assert ln.outstanding_bytes <= credit
+        if pending:
+            assert ln.outstanding_bytes > 0, "requests wait although no bytes are outstanding"
+            head = a._pick(ln)[0]
+            assert ln.outstanding_bytes + head.nbytes > credit, "a grantable request is waiting"

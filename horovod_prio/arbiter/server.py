@@ -29,6 +29,7 @@ from .core import Arbiter
 log = logging.getLogger("horovod_prio.arbiter")
 
 _HELLO_LEN = len(P.MAGIC) + P.NONCE_LEN
+_PRE_AUTH_MAX_FRAME = 256      # handshake frames are <= 36 bytes
 _MAX_WRITE_BUFFER = 1 << 20
 # recv() buffer: keep it <= 64 KiB; larger sizes make CPython allocate (mmap) and
 # shrink a big bytes object on every call (measured ~20 us extra per recv here).
@@ -45,7 +46,7 @@ class _Conn:
         self.sock = sock
         self.peer = peer
         self.state = "hello"
-        self.reader = P.FrameReader(P.MAX_FRAME)
+        self.reader = P.FrameReader(_PRE_AUTH_MAX_FRAME)
         self.session = None
         self.job = None
         self.hs_deadline = time.monotonic() + srv.handshake_timeout
@@ -156,6 +157,7 @@ class _Conn:
                 raise P.ProtocolError("authentication failed (wrong secret?)")
             self.session = P.Session(P.session_key(secret, self.cn, self.sn), is_server=True)
             self.state = "auth"
+            self.reader.max_frame = P.MAX_FRAME
             self.hs_deadline = None
             self.srv.handshaking.discard(self)
 
