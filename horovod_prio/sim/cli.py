@@ -213,7 +213,6 @@ def _run(args, argv) -> int:
         from .validate import validate, validation_table
         v = validate(args.profile, ranks_per_core=args.ranks_per_core, priority=pcfg)
         table = validation_table(v)
-        print(table)
         if args.out:
             os.makedirs(args.out, exist_ok=True)
             with open(os.path.join(args.out, "validation.json"), "w") as f:
@@ -222,6 +221,7 @@ def _run(args, argv) -> int:
                 f.write("# Simulator vs emulated link\n\nCommand: `" + command + "`\n\n"
                         + table + "\n")
             print(f"wrote {args.out}/validation.json, validation.md", file=sys.stderr)
+        print(table)
         return 0
     names = [m.strip() for m in args.model.split(",") if m.strip()]
     if not names:
@@ -268,9 +268,7 @@ def _run(args, argv) -> int:
     elapsed = time.perf_counter() - t0
     title = (f"{args.jobs} job(s) x {args.workers} workers, {'/'.join(names)}, "
              f"{args.bandwidth * 8 / 1e9:g} Gbit/s {args.topology}")
-    print(f"# {title}  (simulated in {elapsed:.2f} s)")
-    print(markdown_table(rows))
-    if args.out:
+    if args.out:  # files first, so a closed stdout pipe cannot lose them
         meta = {"command": command, "title": title, "wall_s": elapsed,
                 "link": vars(link), "priority": pcfg.as_dict(redact_secrets=True),
                 "models": {n: {"params": p.params, "compute_s": p.compute_s, "source": p.source}
@@ -278,6 +276,8 @@ def _run(args, argv) -> int:
                 "jitter": args.jitter, "seed": args.seed, "stagger": args.stagger}
         paths = write_outputs(args.out, rows, results, meta, plot=not args.no_plot, title=title)
         print("wrote " + ", ".join(paths), file=sys.stderr)
+    print(f"# {title}  (simulated in {elapsed:.2f} s)")
+    print(markdown_table(rows))
     return 0
 
 
