@@ -860,3 +860,30 @@ def test_client_from_config(clean_env):
     finally:
         c.close()
         srv.stop()
+
+
+def test_internal_error_in_io_thread_grants_locally(server_factory, client_factory, monkeypatch):
+    srv = server_factory(credit_bytes=100)
+    a, ga = client_factory(srv.address, "A")
+    b, gb = client_factory(srv.address, "B", backoff_initial=0.01, backoff_max=0.02)
+    a.request("hold", 9, 100)
+    assert ga.wait_for("hold")
+    b.request("queued", 1, 100)
+    assert wait_until(lambda: link_stats(srv)["pending"] == 1)
+    boom = {"n": 1}
+    orig = ArbiterClient._timers_locked
+
+    def broken(self, now, cbs):
+        if self is b and boom["n"]:
+            boom["n"] -= 1
+            raise RuntimeError("injected bug")
+        return orig(self, now, cbs)
+    monkeypatch.setattr(ArbiterClient, "_timers_locked", broken)
+    b._wake()
+    assert gb.wait_for("queued")                     # granted locally, once
+    assert wait_until(lambda: b.connected)           # and back on the arbiter
+    b.request("next", 1, 10)
+    a.complete("hold")
+    assert gb.wait_for("next")
+    assert gb.count() == {"queued": 1, "next": 1}
+    assert b.counters["arbiter_grants"] == 1

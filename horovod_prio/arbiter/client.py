@@ -276,47 +276,22 @@ class ArbiterClient:
     def _run(self):
         try:
             while True:
-                cbs = []
-                with self._lock:
-                    if self._closed:
-                        self._shutdown_locked(cbs)
-                        closing = True
-                    else:
-                        closing = False
-                if closing:
+                try:
+                    if self._loop_once():
+                        break
+                except Exception:
+                    # a bug here must not stop chunks from being granted: drop
+                    # the connection (pending requests are granted locally) and
+                    # carry on with a fresh one
+                    log.exception("arbiter client %s: internal error in the I/O thread", self.job_id)
+                    cbs = []
+                    with self._lock:
+                        try:
+                            self._fail_locked("internal error", time.monotonic(), cbs)
+                        except Exception:
+                            self._close_sock_locked()
                     self._deliver(cbs)
-                    break
-                with self._lock:
-                    now = time.monotonic()
-                    self._timers_locked(now, cbs)
-                    self._update_interest_locked()
-                    timeout = self._select_timeout_locked(now)
-                if cbs:
-                    self._deliver(cbs)
-                    continue
-                events = self._sel.select(timeout)
-                with self._lock:
-                    for key, mask in events:
-                        if key.fileobj is self._wake_r:
-                            try:
-                                while self._wake_r.recv(4096):
-                                    pass
-                            except (BlockingIOError, OSError):
-                                pass
-                        elif key.fileobj is self._sock:
-                            if mask & selectors.EVENT_WRITE:
-                                self._on_writable_locked(cbs)
-                            if self._sock is not None and mask & selectors.EVENT_READ:
-                                self._on_readable_locked(cbs)
-                if cbs:
-                    self._deliver(cbs)
-        except Exception:
-            log.exception("arbiter client I/O thread crashed; granting locally")
-            with self._lock:
-                self._closed = True
-                cbs = []
-                self._shutdown_locked(cbs)
-            self._deliver(cbs)
+                    time.sleep(0.01)
         finally:
             try:
                 self._sel.close()
@@ -324,6 +299,40 @@ class ArbiterClient:
                 self._wake_w.close()
             except OSError:
                 pass
+
+    def _loop_once(self):
+        """One turn of the I/O loop; returns True once closed."""
+        cbs = []
+        with self._lock:
+            if self._closed:
+                self._shutdown_locked(cbs)
+                closing = True
+            else:
+                closing = False
+                now = time.monotonic()
+                self._timers_locked(now, cbs)
+                self._update_interest_locked()
+                timeout = self._select_timeout_locked(now)
+        if closing or cbs:
+            self._deliver(cbs)
+            return closing
+        events = self._sel.select(timeout)
+        with self._lock:
+            for key, mask in events:
+                if key.fileobj is self._wake_r:
+                    try:
+                        while self._wake_r.recv(4096):
+                            pass
+                    except (BlockingIOError, OSError):
+                        pass
+                elif key.fileobj is self._sock:
+                    if mask & selectors.EVENT_WRITE:
+                        self._on_writable_locked(cbs)
+                    if self._sock is not None and mask & selectors.EVENT_READ:
+                        self._on_readable_locked(cbs)
+        if cbs:
+            self._deliver(cbs)
+        return False
 
     def _deliver(self, cbs):
         for chunk in cbs:
