@@ -129,7 +129,9 @@ def build_parser():
     p.add_argument("--pin", choices=["job", "rank", "none"], default="job",
                    help="job: job j on core j%%ncpu (default); rank: rank r on core r; none")
     p.add_argument("--threads", type=_positive_int, default=1, help="TF threads per rank")
-    p.add_argument("--priority", default=None, help="DistributedOptimizer(priority=) for prio jobs")
+    p.add_argument("--priority", default=None, metavar="JSON",
+                   help="prio jobs: DistributedOptimizer(priority=<JSON object of "
+                        "PriorityConfig fields>); default: HOROVOD_PRIO_* env / defaults")
     p.add_argument("--prio-env", type=_prio_env, action="append", default=[],
                    metavar="HOROVOD_PRIO_X=V", help="extra env for prio jobs (repeatable)")
     p.add_argument("--job-timeout", type=_positive_int, default=600, help="seconds per run")
@@ -153,9 +155,12 @@ def parse_args(argv=None):
         a.out = str(REPO / "benchmarks" / "results" / ("quick" if a.quick else "full"))
     if a.priority is not None:
         try:
-            float(a.priority)
+            ok = isinstance(json.loads(a.priority), dict)
         except ValueError:
-            p.error(f"argument --priority: expected a number, got {a.priority!r}")
+            ok = False
+        if not ok:
+            p.error(f"argument --priority: expected a JSON object of PriorityConfig fields, "
+                    f"e.g. '{{\"num_groups\": 8}}', got {a.priority!r}")
     return a
 
 

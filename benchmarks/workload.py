@@ -43,11 +43,15 @@ def _positive_int(s: str) -> int:
 
 
 def _priority(s: str):
+    """JSON object of PriorityConfig fields, e.g. '{"num_groups": 8, "max_boost": 2}'."""
     try:
-        v = float(s)
+        v = json.loads(s)
     except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a number, got {s!r}")
-    return int(v) if v.is_integer() else v
+        v = None
+    if not isinstance(v, dict):
+        raise argparse.ArgumentTypeError(
+            f"expected a JSON object of PriorityConfig fields, e.g. '{{\"num_groups\": 8}}', got {s!r}")
+    return v
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -65,7 +69,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="pin rank r to core r %% ncpu (default: inherit the affinity)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--priority", type=_priority, default=None,
-                   help="passed as DistributedOptimizer(priority=...) (only --impl prio)")
+                   help="JSON object of PriorityConfig fields, passed as "
+                        "DistributedOptimizer(priority={...}) (only --impl prio; "
+                        "default: the binding reads HOROVOD_PRIO_* env)")
     p.add_argument("--out", required=True, help="rank 0: step times, JSON lines")
     p.add_argument("--meta-out", help="rank 0: run description, JSON")
     p.add_argument("--events-out", help="rank 0: horovod_prio logger records, JSON lines")

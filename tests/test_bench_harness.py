@@ -63,6 +63,8 @@ def test_clear_error_without_root(monkeypatch, capsys):
     (["--prio-env", "FOO=1"], "--prio-env"),
     (["--steps", "-3"], "--steps"),
     (["--priority", "high"], "--priority"),
+    (["--priority", "3"], "--priority"),
+    (["--impls", "horovod,mpi"], "--impls"),
     (["--pin", "core"], "--pin"),
 ])
 def test_bad_arguments_name_the_flag(argv, flag, capsys):
@@ -74,7 +76,7 @@ def test_bad_arguments_name_the_flag(argv, flag, capsys):
 
 def test_workload_arguments(capsys):
     with pytest.raises(SystemExit):
-        workload.parse_args(["--impl", "horovod", "--out", "x", "--priority", "1"])
+        workload.parse_args(["--impl", "horovod", "--out", "x", "--priority", '{"num_groups": 2}'])
     assert "argument --priority" in capsys.readouterr().err
     with pytest.raises(SystemExit):
         workload.parse_args(["--impl", "tf", "--out", "x"])
@@ -82,8 +84,11 @@ def test_workload_arguments(capsys):
     with pytest.raises(SystemExit):
         workload.parse_args(["--impl", "prio", "--out", "x", "--batch", "0"])
     assert "argument --batch" in capsys.readouterr().err
-    a = workload.parse_args(["--impl", "prio", "--out", "x", "--priority", "2"])
-    assert a.priority == 2
+    with pytest.raises(SystemExit):
+        workload.parse_args(["--impl", "prio", "--out", "x", "--priority", "2"])
+    assert "argument --priority" in capsys.readouterr().err
+    a = workload.parse_args(["--impl", "prio", "--out", "x", "--priority", '{"num_groups": 2}'])
+    assert a.priority == {"num_groups": 2}
 
 
 def test_shaped_link_validates_values():
@@ -109,11 +114,11 @@ def test_defaults_and_plan_interleave():
 def test_job_command_uses_gloo_on_lo(tmp_path):
     if shutil.which("horovodrun") is None and not (Path(sys.executable).parent / "horovodrun").exists():
         pytest.skip("horovodrun not installed")
-    cmd = run.job_command(run.JobSpec(name="job0", impl="prio", priority="3"), tmp_path)
+    cmd = run.job_command(run.JobSpec(name="job0", impl="prio", priority='{"step": 2}'), tmp_path)
     s = " ".join(cmd)
     assert "--gloo --network-interface lo -np 2 -H localhost:2" in s
-    assert "--impl prio" in s and "--priority 3" in s
-    cmd = run.job_command(run.JobSpec(name="job0", impl="horovod", priority="3"), tmp_path)
+    assert "--impl prio" in s and '--priority {"step": 2}' in s
+    cmd = run.job_command(run.JobSpec(name="job0", impl="horovod", priority='{"step": 2}'), tmp_path)
     assert "--priority" not in cmd
 
 
