@@ -9,6 +9,15 @@ measures in every job the time from ``ArbiterClient.request()`` to its
 p50/p90/p99/max over all jobs' samples and the arbiter's counters as JSON.
 
     python -m benchmarks.arbiter_rtt --jobs 8 --samples 2000 --interval 0.001
+    python -m benchmarks.arbiter_rtt --jobs 8 --baseline   # the machine's floor
+    python -m benchmarks.arbiter_rtt --jobs 8 --grpc       # the transport not chosen
+
+``--baseline`` runs the same job structure (I/O thread + callback + Event)
+against a bare ``selectors`` echo (no auth, no policy): what any Python
+round trip costs on this machine right now. ``--grpc`` runs it against a
+grpcio bidirectional-stream echo of raw bytes (no protobuf, no auth): a lower
+bound for a gRPC arbiter. Also reported: CPU per grant of the arbiter and of
+the jobs (load-independent), and the 1-minute load average.
 
 Target (issue 5): p99 <= 300 us with 8 jobs connected.
 """
@@ -135,6 +144,61 @@ def _echo_job(idx, port, samples, interval, warmup, q, start_evt):
     q.put((idx, rtts, {"fallback_grants": 0}))
 
 
+def _grpc_server(port_q, stop_evt):
+    """The transport we did not pick: a grpcio bidirectional stream echoing raw
+    bytes (no protobuf, no auth), i.e. a lower bound for a gRPC arbiter."""
+    from concurrent import futures
+    import grpc
+
+    def handler(req_iter, ctx):
+        for r in req_iter:
+            yield r
+    srv = grpc.server(futures.ThreadPoolExecutor(max_workers=32))
+    srv.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(
+        "arb", {"S": grpc.stream_stream_rpc_method_handler(handler)}),))
+    port_q.put(srv.add_insecure_port("127.0.0.1:0"))
+    srv.start()
+    stop_evt.wait()
+    srv.stop(0)
+
+
+def _grpc_job(idx, port, samples, interval, warmup, q, start_evt):
+    import queue
+    import grpc
+    ch = grpc.insecure_channel("127.0.0.1:%d" % port)
+    outq = queue.Queue()
+
+    def gen():
+        while True:
+            x = outq.get()
+            if x is None:
+                return
+            yield x
+    resp = ch.stream_stream("/arb/S")(gen())
+    got = threading.Event()
+    t_grant = [0]
+
+    def reader():
+        for _ in resp:
+            t_grant[0] = time.perf_counter_ns()
+            got.set()
+    threading.Thread(target=reader, daemon=True).start()
+    start_evt.wait(30)
+    rtts = []
+    for i in range(warmup + samples):
+        got.clear()
+        t0 = time.perf_counter_ns()
+        outq.put(b"x" * 48)
+        got.wait(5)
+        if i >= warmup:
+            rtts.append(t_grant[0] - t0)
+        if interval:
+            time.sleep(interval)
+    outq.put(None)
+    ch.close()
+    q.put((idx, rtts, {}))
+
+
 def pct(sorted_vals, p):
     if not sorted_vals:
         return float("nan")
@@ -166,7 +230,8 @@ def _summary(args, all_rtts, errors, extra):
     res.update(extra)
     if not args.json:
         print("%s round trip, %d jobs, %d samples, interval %.4fs, %s CPUs, load %.2f:"
-              % ("baseline echo" if args.baseline else "arbiter grant", args.jobs, len(all_rtts),
+              % ("grpc bidi-stream echo" if args.grpc else "baseline echo" if args.baseline
+                 else "arbiter grant", args.jobs, len(all_rtts),
                  args.interval, os.cpu_count(), res["loadavg_1m"]))
         print("  p50 %.1f us  p90 %.1f us  p99 %.1f us  max %.1f us" % (
             res["rtt_us"]["p50"], res["rtt_us"]["p90"], res["rtt_us"]["p99"], res["rtt_us"]["max"]))
@@ -178,11 +243,11 @@ def _baseline(args):
     ctx = mp.get_context("spawn")
     port_q, q = ctx.Queue(), ctx.Queue()
     stop_evt, start_evt = ctx.Event(), ctx.Event()
-    srv = ctx.Process(target=_echo_server, args=(port_q, stop_evt))
+    srv = ctx.Process(target=_grpc_server if args.grpc else _echo_server, args=(port_q, stop_evt))
     srv.start()
     try:
         port = port_q.get(timeout=30)
-        procs = [ctx.Process(target=_echo_job, args=(i, port, args.samples, args.interval, args.warmup,
+        procs = [ctx.Process(target=_grpc_job if args.grpc else _echo_job, args=(i, port, args.samples, args.interval, args.warmup,
                                                      q, start_evt)) for i in range(args.jobs)]
         for p in procs:
             p.start()
@@ -196,7 +261,7 @@ def _baseline(args):
     finally:
         stop_evt.set()
         srv.join(10)
-    return _summary(args, all_rtts, [], {"baseline": True})
+    return _summary(args, all_rtts, [], {"baseline": "grpc" if args.grpc else "echo"})
 
 
 def main(argv=None):
@@ -207,12 +272,15 @@ def main(argv=None):
     ap.add_argument("--interval", type=float, default=0.001,
                     help="seconds each job sleeps between chunks (0 = closed loop)")
     ap.add_argument("--json", action="store_true", help="print only the JSON result")
+    ap.add_argument("--grpc", action="store_true",
+                    help="measure a grpcio bidirectional-stream echo instead (the transport "
+                         "not chosen; raw bytes, no auth/policy)")
     ap.add_argument("--baseline", action="store_true",
                     help="measure the machine's floor instead: bare selectors echo server, same "
                          "job structure (I/O thread + callback), no auth/policy")
     args = ap.parse_args(argv)
 
-    if args.baseline:
+    if args.baseline or args.grpc:
         return _baseline(args)
     env = dict(os.environ, HOROVOD_PRIO_ARBITER_SECRET=SECRET,
                PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
