@@ -30,6 +30,7 @@ log = logging.getLogger("horovod_prio.arbiter")
 
 _HELLO_LEN = len(P.MAGIC) + P.NONCE_LEN
 _PRE_AUTH_MAX_FRAME = 256      # handshake frames are <= 36 bytes
+_WAKE = object()
 _MAX_WRITE_BUFFER = 1 << 20
 # recv() buffer: keep it <= 64 KiB; larger sizes make CPython allocate (mmap) and
 # shrink a big bytes object on every call (measured ~20 us extra per recv here).
@@ -272,7 +273,7 @@ class ArbiterServer:
         self._wake_r, self._wake_w = socket.socketpair()
         self._wake_r.setblocking(False)
         self._wake_w.setblocking(False)
-        self.sel.register(self._wake_r, _READ, "wake")
+        self.sel.register(self._wake_r, _READ, _WAKE)
         a = self.arbiter
         log.info("arbiter: listening on %s:%d (credit %d bytes, lease %.3fs, starvation bound %d)",
                  self.address[0], self.address[1], a.credit_bytes, a.lease_seconds, a.starvation_bound)
@@ -322,19 +323,22 @@ class ArbiterServer:
         try:
             while not self._stop:
                 now = time.monotonic()
-                timeout = 1.0
+                # next timer: lease expiry or handshake deadline (both only move
+                # later while serving events, so checking them after is enough)
+                due = now + 1.0
                 nx = arb.next_expiry()
-                if nx is not None:
-                    timeout = min(timeout, nx - now)
-                hs = self._next_handshake_deadline()
-                if hs is not None:
-                    timeout = min(timeout, hs - now)
-                events = sel.select(max(timeout, 0.0))
+                if nx is not None and nx < due:
+                    due = nx
+                if self.handshaking:
+                    hs = self._next_handshake_deadline()
+                    if hs is not None and hs < due:
+                        due = hs
+                events = sel.select(max(due - now, 0.0))
                 for key, mask in events:
                     conn = key.data
                     if conn is None:
                         self._accept()
-                    elif conn == "wake":
+                    elif conn is _WAKE:
                         self._drain_wake()
                     else:
                         if mask & selectors.EVENT_READ and not conn.closed:
@@ -343,7 +347,8 @@ class ArbiterServer:
                             conn.on_writable()
                     if self.dead:
                         self._reap()
-                self._timers()
+                if time.monotonic() >= due:
+                    self._timers()
                 if self._calls:
                     self._run_calls()
                 if self.dead:
