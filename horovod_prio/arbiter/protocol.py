@@ -77,9 +77,12 @@ class ProtocolError(Exception):
 
 
 def load_secret(secret):
-    """Normalise a shared secret (str or bytes) to non-empty bytes."""
+    """Normalise a shared secret (str -> UTF-8; surrounding whitespace stripped,
+    on both sides, so a file's trailing newline does not matter) to non-empty bytes."""
     if isinstance(secret, str):
         secret = secret.encode("utf-8")
+    if isinstance(secret, (bytes, bytearray)):
+        secret = bytes(secret).strip()
     if not isinstance(secret, (bytes, bytearray)) or not secret:
         raise ValueError("arbiter secret must be a non-empty str or bytes, got %r"
                          % (type(secret).__name__ if secret is not None else None,))
