@@ -247,8 +247,9 @@ def _baseline(args):
     srv.start()
     try:
         port = port_q.get(timeout=30)
-        procs = [ctx.Process(target=_grpc_job if args.grpc else _echo_job, args=(i, port, args.samples, args.interval, args.warmup,
-                                                     q, start_evt)) for i in range(args.jobs)]
+        job = _grpc_job if args.grpc else _echo_job
+        procs = [ctx.Process(target=job, args=(i, port, args.samples, args.interval, args.warmup,
+                                               q, start_evt)) for i in range(args.jobs)]
         for p in procs:
             p.start()
         time.sleep(0.5)

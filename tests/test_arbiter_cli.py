@@ -134,3 +134,43 @@ def test_cli_serves_reports_stats_and_survives_kill_restart(tmp_path, caplog):
         if p2 is not None:
             # debug log names the job of every grant
             assert "grant link=eth1 job=job-a chunk=c2" in err
+
+
+JOB_SCRIPT = r"""
+import sys, threading, time
+from horovod_prio.arbiter.client import ArbiterClient
+got = threading.Event()
+c = ArbiterClient(sys.argv[1], "eth0", "crashy", sys.argv[2], lambda ch: got.set(), timeout=1.0)
+c.request("big", 100, 1000)
+got.wait(10)
+print("granted" if c.connected else "local", flush=True)
+time.sleep(60)
+"""
+
+
+def test_killed_job_frees_the_link():
+    """kill -9 of a job holding the link: the arbiter releases its grant at once."""
+    from horovod_prio.arbiter.server import ArbiterServer
+    srv = ArbiterServer("127.0.0.1", 0, SECRET, credit_bytes=1000, lease_seconds=30)
+    host, port = srv.start()
+    job = subprocess.Popen([sys.executable, "-c", JOB_SCRIPT, "%s:%d" % (host, port), SECRET],
+                           stdout=subprocess.PIPE, text=True, env=_env())
+    g = Grants()
+    c = ArbiterClient((host, port), "eth0", "survivor", SECRET, g, timeout=1.0)
+    try:
+        assert job.stdout.readline().strip() == "granted"
+        assert wait_until(lambda: c.connected)
+        c.request("mine", 1, 10)
+        time.sleep(0.2)
+        assert g.calls == []                         # the link is held by the other job
+        job.send_signal(signal.SIGKILL)
+        job.wait(10)
+        assert wait_until(lambda: g.calls == ["mine"], timeout=5)   # long before the 30 s lease
+        st = srv.call(lambda: srv.stats()["links"]["eth0"])
+        assert st["dropped"] == 1 and st["expired_leases"] == 0 and st["connected_jobs"] == 1
+        assert c.counters["arbiter_grants"] == 1
+    finally:
+        c.close()
+        if job.poll() is None:
+            job.kill()
+        srv.stop()

@@ -4,7 +4,6 @@ Behaviour only, never timing: waits are generous upper bounds.
 """
 import collections
 import logging
-import os
 import random
 import socket
 import struct

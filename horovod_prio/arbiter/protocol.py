@@ -38,7 +38,6 @@ Payloads (``type u8`` + fields, big endian)::
 ``token`` is chosen by the client (unique per connection); ``str16`` is
 ``u16 length`` + UTF-8 bytes, at most :data:`MAX_NAME` bytes.
 """
-import hashlib
 import hmac
 import os
 import struct

@@ -153,7 +153,8 @@ class _Conn:
             self.state = "proof"
         else:  # "proof"
             secret = self.srv.secret
-            if len(body) != P.MAC_LEN or not P.hmac.compare_digest(body, P.client_proof(secret, self.cn, self.sn)):
+            want = P.client_proof(secret, self.cn, self.sn)
+            if len(body) != P.MAC_LEN or not P.hmac.compare_digest(body, want):
                 self.srv.counters["auth_failures"] += 1
                 raise P.ProtocolError("authentication failed (wrong secret?)")
             self.session = P.Session(P.session_key(secret, self.cn, self.sn), is_server=True)
