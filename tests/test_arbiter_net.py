@@ -886,3 +886,18 @@ def test_internal_error_in_io_thread_grants_locally(server_factory, client_facto
     assert gb.wait_for("next")
     assert gb.count() == {"queued": 1, "next": 1}
     assert b.counters["arbiter_grants"] == 1
+
+
+def test_connection_limit(server_factory, client_factory):
+    srv = server_factory(max_connections=3, handshake_timeout=5)
+    idle = [socket.create_connection(srv.address, timeout=5) for _ in range(3)]
+    assert wait_until(lambda: srv.call(lambda: len(srv.conns)) == 3)
+    extra = socket.create_connection(srv.address, timeout=5)
+    assert is_closed_by_peer(extra)
+    assert server_counters(srv)["rejected_connections"] == 1
+    for s in idle + [extra]:
+        s.close()
+    assert wait_until(lambda: srv.call(lambda: len(srv.conns)) == 0)
+    c, g = client_factory(srv.address, "A")          # served again once the flood is gone
+    c.request("x", 1, 1)
+    assert g.wait_for("x")
