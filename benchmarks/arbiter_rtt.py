@@ -273,6 +273,9 @@ def main(argv=None):
     ap.add_argument("--interval", type=float, default=0.001,
                     help="seconds each job sleeps between chunks (0 = closed loop)")
     ap.add_argument("--json", action="store_true", help="print only the JSON result")
+    ap.add_argument("--arbiter-prefix", default="", metavar="CMD",
+                    help="prefix for the arbiter's command line, e.g. 'chrt -f 10' or 'nice -n -10' "
+                         "(scheduling priority of the arbiter on a shared box)")
     ap.add_argument("--grpc", action="store_true",
                     help="measure a grpcio bidirectional-stream echo instead (the transport "
                          "not chosen; raw bytes, no auth/policy)")
@@ -285,7 +288,8 @@ def main(argv=None):
         return _baseline(args)
     env = dict(os.environ, HOROVOD_PRIO_ARBITER_SECRET=SECRET,
                PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
-    srv = subprocess.Popen([sys.executable, "-m", "horovod_prio.cli", "arbiter", "--bind", "127.0.0.1:0",
+    srv = subprocess.Popen(args.arbiter_prefix.split() + [
+                           sys.executable, "-m", "horovod_prio.cli", "arbiter", "--bind", "127.0.0.1:0",
                             "--credit-bytes", "1GiB", "--log-level", "WARNING"],
                            stdout=subprocess.PIPE, env=env, text=True)
     try:
@@ -322,6 +326,7 @@ def main(argv=None):
     return _summary(args, all_rtts, errors, {
         "fallback_grants": sum(c["fallback_grants"] for c in counters.values()),
         "arbiter_grants": stats["links"].get("link0", {}).get("grants"),
+        "arbiter_prefix": args.arbiter_prefix,
         # CPU per grant (request + grant + complete): load-independent cost
         "server_cpu_us_per_grant": round(srv_cpu / max(1, stats["links"]["link0"]["grants"]) * 1e6, 1)
         if srv_cpu is not None else None,
