@@ -288,3 +288,23 @@ def test_random_operations_keep_invariants(seed):
             assert ln.outstanding_bytes > 0, "requests wait although no bytes are outstanding"
             head = a._pick(ln)[0]
             assert ln.outstanding_bytes + head.nbytes > credit, "a grantable request is waiting"
+
+
+def test_frame_reader_splits_any_chunking():
+    import random
+    from horovod_prio.arbiter import protocol as P
+    rng = random.Random(3)
+    bodies = [bytes([i % 251]) * rng.randint(1, 300) for i in range(200)]
+    stream = b"".join(P.frame(b) for b in bodies)
+    for _ in range(20):
+        rd, out, pos = P.FrameReader(), [], 0
+        while pos < len(stream):
+            n = rng.choice([1, 2, 3, 5, 40, 305, 1000, 5000])
+            out += rd.feed(stream[pos:pos + n])
+            pos += n
+        assert out == bodies and rd.buffered == 0
+    rd = P.FrameReader(max_frame=10)
+    with pytest.raises(P.ProtocolError, match="bad frame length"):
+        rd.feed(P.frame(b"x" * 11))
+    with pytest.raises(P.ProtocolError, match="bad frame length"):
+        P.FrameReader().feed(b"\0\0\0\0rest")

@@ -125,6 +125,11 @@ class FrameReader:
     def feed(self, data):
         """Add bytes; return the list of complete bodies. Raises ProtocolError."""
         buf = self._buf
+        if not buf and len(data) > 4:
+            # fast path: exactly one whole frame (the common case)
+            (length,) = _LEN.unpack_from(data, 0)
+            if len(data) == 4 + length and 0 < length <= self.max_frame:
+                return [data[4:]]
         buf += data
         out = []
         pos = 0
