@@ -25,8 +25,9 @@ PULL_TIMEOUT=${PULL_TIMEOUT:-20}
 CELL_TIMEOUT=${CELL_TIMEOUT:-3600}
 PYTEST_ARGS=${PYTEST_ARGS:-}
 # Multi-process tests need shared memory (Open MPI) and may build network
-# namespaces with shaped links (ip netns / tc), hence --privileged.
-DOCKER_RUN_ARGS=${DOCKER_RUN_ARGS:---privileged --shm-size=1g}
+# namespaces with shaped links (ip netns / tc): NET_ADMIN + SYS_ADMIN, not
+# --privileged (which fails on hosts that do not grant every capability).
+DOCKER_RUN_ARGS=${DOCKER_RUN_ARGS:---cap-add=NET_ADMIN --cap-add=SYS_ADMIN --security-opt seccomp=unconfined --shm-size=1g}
 LOGDIR=${DOCKER_LOGDIR:-$ROOT/build/docker}
 mkdir -p "$LOGDIR"
 log() { printf '[docker] %s\n' "$*" >&2; }
