@@ -135,7 +135,7 @@ def build_parser():
     p.add_argument("--prio-env", type=_prio_env, action="append", default=[],
                    metavar="HOROVOD_PRIO_X=V", help="extra env for prio jobs (repeatable)")
     p.add_argument("--job-timeout", type=_positive_int, default=600, help="seconds per run")
-    p.add_argument("--stall-timeout", type=_positive_int, default=60,
+    p.add_argument("--stall-timeout", type=_positive_int, default=30,
                    help="fail a run when no step finishes for this many seconds")
     p.add_argument("--out", default=None, help="results dir (default benchmarks/results/<quick|full>)")
     p.add_argument("--keep-raw", action="store_true", help="keep raw per-job logs under OUT/raw")
