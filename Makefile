@@ -27,6 +27,6 @@ bench: install
 	$(BIN)/python -m benchmarks.run --quick
 
 clean:
-	rm -rf build *.egg-info horovod_prio/*.so
+	rm -rf build *.egg-info horovod_prio/cc/*.so
 
 include docker/docker.mk

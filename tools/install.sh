@@ -62,7 +62,7 @@ if ! "$VPY" -m pip show -q horovod >/dev/null 2>&1 || [ ! -f "$STAMPS/horovod-$T
     rm -rf "$wheeldir"; mv "$wheeldir.tmp" "$wheeldir"
   fi
   "$VPY" -m pip install -q --no-deps --force-reinstall "$wheeldir"/horovod-*.whl
-  build=$(PATH="$ROOT/$VENV/bin:$PATH" "$VENV/bin/horovodrun" --check-build)
+  build=$(TF_CPP_MIN_LOG_LEVEL=3 PATH="$ROOT/$VENV/bin:$PATH" "$VENV/bin/horovodrun" --check-build)
   for fw in TensorFlow MPI Gloo; do
     echo "$build" | grep -q "\[X\] $fw" || { echo "$build" >&2; echo "[install] horovod lacks $fw" >&2; exit 1; }
   done

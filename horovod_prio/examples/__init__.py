@@ -1,0 +1,1 @@
+"""Runnable examples (data ships with scikit-learn; nothing is downloaded)."""

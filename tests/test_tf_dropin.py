@@ -1,0 +1,53 @@
+"""The one-line swap: a Horovod TF2 Keras example script runs unchanged except
+its import, and then really schedules by priority. Also: the drop-in modules
+expose what Horovod's expose."""
+import os
+
+import pytest
+
+from hvdrun import HERE, ROOT, check, have_tf_stack, horovodrun
+from horovod_prio.trace import load_trace
+
+pytestmark = pytest.mark.skipif(have_tf_stack() is not None, reason="TF stack: %s" % have_tf_stack())
+EXAMPLE = os.path.join(ROOT, "horovod_prio", "examples", "keras_digits.py")
+ORIGINAL = "import horovod.tensorflow.keras as hvd\n"
+SWAPPED = "import horovod_prio.tensorflow.keras as hvd\n"
+
+
+def test_example_runs_with_only_the_import_changed(tmp_path):
+    text = open(EXAMPLE).read()
+    assert text.count(ORIGINAL) == 1
+    swapped = tmp_path / "keras_digits_prio.py"
+    swapped.write_text(text.replace(ORIGINAL, SWAPPED))
+    diff = [(a, b) for a, b in zip(text.splitlines(), swapped.read_text().splitlines()) if a != b]
+    assert diff == [(ORIGINAL.strip(), SWAPPED.strip())]
+    trace = tmp_path / "trace.json"
+    out = check(horovodrun([str(swapped), str(tmp_path)], "gloo", timeout=300,
+                           env={"HOROVOD_PRIO_TRACE": str(trace)}))
+    assert "Epoch 4/4" in out
+    assert (tmp_path / "checkpoint-4.h5").exists()
+    chunks = [e for e in load_trace(trace) if e.get("cat") == "chunk"]
+    assert chunks, "the swapped script must route gradients through the priority scheduler"
+
+
+def test_modules_expose_horovods_surface():
+    import horovod.tensorflow as hvd_tf
+    import horovod.tensorflow.keras as hvd_keras
+    import horovod_prio.tensorflow as prio_tf
+    import horovod_prio.tensorflow.keras as prio_keras
+    for ours, theirs in ((prio_tf, hvd_tf), (prio_keras, hvd_keras)):
+        public = [n for n in dir(theirs) if not n.startswith("_")]
+        missing = [n for n in public if not hasattr(ours, n)]
+        assert not missing, missing
+    assert prio_keras.callbacks.BroadcastGlobalVariablesCallback is hvd_keras.callbacks.BroadcastGlobalVariablesCallback
+    from horovod_prio.tensorflow.keras.callbacks import MetricAverageCallback  # noqa: F401
+
+
+def test_unknown_priority_argument_is_rejected():
+    import tensorflow as tf
+    import horovod_prio.tensorflow.keras as hvd
+    hvd.init()
+    with pytest.raises(TypeError, match="priority"):
+        hvd.DistributedOptimizer(tf.keras.optimizers.legacy.SGD(0.1), priority=3)
+    with pytest.raises(TypeError):
+        hvd.DistributedOptimizer(tf.keras.optimizers.legacy.SGD(0.1), not_an_arg=1)
