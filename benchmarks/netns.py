@@ -287,8 +287,11 @@ def _cleanup_all() -> None:
 
 
 def install_signal_handlers() -> None:
-    """Turn SIGTERM/SIGHUP into SystemExit so ``finally`` blocks run."""
+    """SIGINT -> KeyboardInterrupt (even if the parent shell ignored it, as
+    non-interactive shells do for background jobs), SIGTERM/SIGHUP ->
+    SystemExit, so ``finally`` blocks run and clean up."""
     def _handler(signum, frame):
         raise SystemExit(128 + signum)
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     for sig in (signal.SIGTERM, signal.SIGHUP):
         signal.signal(sig, _handler)
