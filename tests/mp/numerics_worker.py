@@ -58,11 +58,15 @@ def embedding_model(vocab):
 LOSS = tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True)
 
 
+INIT = {}
+
+
 def run_fit(impl, **kw):
     mod = prio_keras if impl == "prio" else hvd_keras
     extra = {"priority": PRIO} if impl == "prio" else {}
     vocab = kw.pop("vocab", None)
     model = embedding_model(vocab) if vocab else mlp()
+    INIT["weights"] = model.get_weights()
     opt_cls = kw.pop("opt", tf.keras.optimizers.legacy.SGD)
     opt = mod.DistributedOptimizer(opt_cls(learning_rate=0.05), **kw, **extra)
     model.compile(optimizer=opt, loss=LOSS)
@@ -75,6 +79,7 @@ def run_tape(impl):
     mod = prio_tf if impl == "prio" else hvd_tf
     extra = {"priority": PRIO} if impl == "prio" else {}
     model = mlp()
+    INIT["weights"] = model.get_weights()
     opt = tf.keras.optimizers.legacy.SGD(learning_rate=0.05)
     x, y = data()
 
@@ -111,4 +116,5 @@ if __name__ == "__main__":
             print("rank %d: %s/%s" % (RANK, mode, impl), flush=True)
             weights = MODES[mode](impl)
             np.savez(os.path.join(out_dir, "%s_%s_rank%d.npz" % (mode, impl, RANK)), *weights)
+            np.savez(os.path.join(out_dir, "%s_init_rank%d.npz" % (mode, RANK)), *INIT["weights"])
     print("rank %d done" % RANK, flush=True)
