@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import statistics
 import sys
 from pathlib import Path
@@ -185,35 +186,49 @@ def markdown(results: dict) -> str:
     return "\n".join(lines)
 
 
-def _classify(text: str) -> str | None:
-    t = text.lower()
-    if "decay" in t:
-        return "decay"
-    if "raise" in t or "boost" in t:
-        return "raise"
-    return None
+_LOG_RE = re.compile(r"batch (\d+) (\w+): .*?boost (\d+)")
 
 
-def job_events(job: dict) -> list[tuple[float, str]]:
-    """(wall time, 'raise'|'decay') from the logger records and the Chrome trace."""
-    ev = []
-    for e in job.get("events", []):
-        k = _classify(e.get("msg", ""))
-        if k and e.get("t"):
-            ev.append((float(e["t"]), k))
+def policy_series(job: dict) -> list[tuple[float, str, int | None]]:
+    """(wall time, policy event kind, boost after it) of one job, time-ordered.
+
+    From the job's Chrome trace (instant events with cat "policy" and
+    args.boost) if it has any, else from the ``horovod_prio`` logger records
+    ("... batch N <kind>: ... boost B ...")."""
+    out = []
     t0 = (job.get("meta") or {}).get("t_process_start")
     for e in job.get("trace_events", []):
-        k = _classify(f"{e.get('name')} {e.get('cat')} {json.dumps(e.get('args', {}))}")
+        args = e.get("args") or {}
+        if e.get("cat") != "policy" and "boost" not in args:
+            continue
         ts = e.get("ts_us")
-        if k is None or ts is None:
+        if ts is None:
             continue
         ts = float(ts) / 1e6
         if ts < 1e9:           # relative trace clock: assume it starts with the process
             if t0 is None:
                 continue
             ts += t0
-        ev.append((ts, k))
-    return sorted(ev)
+        out.append((ts, str(e.get("name")), args.get("boost")))
+    if not out:
+        for r in job.get("events", []):
+            m = _LOG_RE.search(r.get("msg", ""))
+            if m and r.get("t"):
+                out.append((float(r["t"]), m.group(2), int(m.group(3))))
+    return sorted(out, key=lambda x: x[0])
+
+
+def job_events(job: dict) -> list[tuple[float, str]]:
+    """(wall time, 'raise'|'decay'): where the job's priority boost went up or down."""
+    ev, prev = [], 0
+    for t, kind, boost in policy_series(job):
+        if kind == "decay" or (boost is not None and boost < prev):
+            ev.append((t, "decay"))
+        elif boost is not None and boost > prev:
+            ev.append((t, "raise"))
+        if boost is not None:
+            prev = boost
+    return ev
 
 
 def plot(results: dict, path: Path, max_panels: int = 8) -> Path | None:

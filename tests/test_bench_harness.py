@@ -246,14 +246,19 @@ def test_real_horovod_job_failure_is_reported_and_cleaned(tmp_path):
 
 # ------------------------------------------------------------------ report
 def _fixture_results():
-    def job(name, impl, step_s, t0, n=10, events=()):
+    def job(name, impl, step_s, t0, n=10, events=(), trace=()):
         steps = [{"step": i, "t_start": t0 + i * step_s, "t_end": t0 + (i + 1) * step_s,
                   "warmup": i < 2} for i in range(n)]
         return {"name": name, "impl": impl, "model": "mlp", "batch": 32, "steps": steps,
                 "meta": {"model": "mlp", "grad_bytes": 25_324_584, "size": 2,
                          "t_process_start": t0 - 5},
                 "events": [{"t": t0 + t, "msg": m} for t, m in events],
-                "trace_events": [{"ts_us": 3.5e6, "name": "boost decay", "args": {}}]}
+                "trace_events": [{"ts_us": ts, "name": k, "cat": "policy", "args": {"boost": b}}
+                                 for ts, k, b in trace]}
+
+    def log(batch, kind, boost):
+        return (f"horovod_prio: DistributedSGD batch {batch} {kind}: time 0.8000s min 0.6000s "
+                f"threshold 0.6600s count 1 boost {boost} priorities [0, 1, 2, 3]")
 
     def link(t0, secs, rate_bps, busy):
         return [[t0 + s, int(s * rate_bps * busy / 8)] for s in range(int(secs) + 2)]
@@ -274,8 +279,12 @@ def _fixture_results():
              "link_samples": link(t, 10, 1e9, 0.95)},
             {"scenario": "b", "config": ["prio", "prio"], "rate": "1gbit", "batch": 32,
              "repeat": rep, "status": "ok", "t_go": t,
-             "jobs": [job("job0", "prio", 0.6, t, n=14, events=[(2.0, "boost raised to 3")]),
-                      job("job1", "prio", 0.7, t, n=14, events=[(4.0, "boost decayed")])],
+             "jobs": [job("job0", "prio", 0.6, t, n=14,
+                          events=[(1.0, log(3, "within", 0)), (2.0, log(4, "slow", 1)),
+                                  (3.0, log(6, "within", 1)), (4.0, log(8, "decay", 0))]),
+                      # trace clock relative to the process start (t - 5)
+                      job("job1", "prio", 0.7, t, n=14,
+                          trace=[(6.0e6, "slow", 0), (7.0e6, "slow", 1), (8.5e6, "decay", 0)])],
              "link_samples": link(t, 10, 1e9, 0.97)},
         ]
     runs.append({"scenario": "b", "config": ["horovod", "prio"], "rate": "1gbit", "batch": 32,
@@ -309,6 +318,8 @@ def test_report_stats_window_and_events():
     assert lo == pytest.approx(r["jobs"][1]["steps"][2]["t_start"])  # job1 starts measuring last
     assert hi == pytest.approx(r["jobs"][0]["steps"][-1]["t_end"])     # job0 ends first
     assert st["link_busy"] == pytest.approx(0.97, abs=0.01)
-    ev = report.job_events(r["jobs"][0])
-    kinds = [k for _, k in ev]
-    assert "raise" in kinds and "decay" in kinds                       # logger + trace
+    t = r["t_go"]
+    ev = report.job_events(r["jobs"][0])                               # from logger records
+    assert [(round(x - t, 3), k) for x, k in ev] == [(2.0, "raise"), (4.0, "decay")]
+    ev = report.job_events(r["jobs"][1])                               # from the Chrome trace
+    assert [(round(x - t, 3), k) for x, k in ev] == [(2.0, "raise"), (3.5, "decay")]
