@@ -4,10 +4,10 @@ ifeq ($(TF),2.15.1)
 VENV ?= .venv
 else
 VENV ?= .venv-tf$(TF)
+# Keras 2 on TF >= 2.16 comes from tf_keras (TF 2.15 has no tf_keras: don't set it there).
+export TF_USE_LEGACY_KERAS := 1
 endif
 BIN := $(VENV)/bin
-# Keras 2 on TF >= 2.16 comes from tf_keras.
-export TF_USE_LEGACY_KERAS := 1
 export OMPI_ALLOW_RUN_AS_ROOT := 1
 export OMPI_ALLOW_RUN_AS_ROOT_CONFIRM := 1
 export PATH := $(CURDIR)/$(BIN):$(PATH)
