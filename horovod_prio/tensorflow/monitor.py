@@ -19,6 +19,7 @@ import horovod.tensorflow as _hvd
 
 from horovod_prio import cc
 from horovod_prio.sequence import base_priorities
+from horovod_prio.tensorflow.arbiter_link import attach_arbiter, trace_arbiter_wait
 from horovod_prio.trace import TraceWriter
 
 log = logging.getLogger("horovod_prio")
@@ -48,6 +49,7 @@ def _flush_scheduler_events(writer, open_chunks):
     for e in events:
         kind, name, ts = e["kind"], e["name"], e["t_us"]
         writer.instant("%s %s" % (kind, name), ts, "chunks", "chunk", e)
+        trace_arbiter_wait(writer, e)
         if kind == "ready":
             open_chunks[name] = [ts, None]
         elif kind == "release" and name in open_chunks:
@@ -99,6 +101,7 @@ class PriorityMonitor:
         self._open_chunks = {}
         hold = self.rank == 0 and self.process_set.size() > 1
         cc.configure(config.credit_bytes, hold)
+        self.arbiter = attach_arbiter(config, hold)
         if config.trace_path:
             self._trace = _trace_writer(trace_path_for_rank(config.trace_path, self.rank))
             cc.set_tracing(True)
