@@ -39,6 +39,10 @@ class RunFailed(RuntimeError):
     pass
 
 
+class _LingeringJobs(Exception):
+    """Every job wrote all its steps but some process has not exited."""
+
+
 # ---------------------------------------------------------------- arguments
 def _positive_int(s):
     try:
@@ -307,13 +311,16 @@ class Progress:
 
 
 def run_jobs(link: ShapedLink, jobs: list[JobSpec], workdir: Path, timeout: float,
-             progress: Progress | None = None, stall_timeout: float = 60.0) -> dict:
+             progress: Progress | None = None, stall_timeout: float = 60.0,
+             exit_grace: float = 30.0) -> dict:
     """Start ``jobs`` in ``link``, release them together after warmup, wait.
 
     Raises RunFailed (with the failing job's log tail) if a job exits non-zero
     or the run exceeds ``timeout``, or -- once a first step has finished -- no
     job finishes a step for ``stall_timeout`` seconds; the caller's ShapedLink
-    cleanup then kills whatever is left."""
+    cleanup then kills whatever is left. Jobs that wrote all their steps but
+    do not exit within ``exit_grace`` seconds are killed and the run is kept,
+    with a note in ``result["notes"]``."""
     workdir.mkdir(parents=True, exist_ok=True)
     procs = {}
     t_begin = time.monotonic()
@@ -344,6 +351,11 @@ def run_jobs(link: ShapedLink, jobs: list[JobSpec], workdir: Path, timeout: floa
         stall["checked"] = now
         counts = {j.name: _count_lines(workdir / f"{j.name}.steps.jsonl") for j in jobs}
         n = sum(counts.values())
+        if all(counts[j.name] >= j.warmup + j.steps for j in jobs):
+            stall.setdefault("all_done", now)
+            if now - stall["all_done"] > exit_grace:
+                raise _LingeringJobs()
+            return
         if n != stall["n"] or 0 in counts.values():   # progress, or a job still starting
             stall["n"], stall["t"] = n, now
         elif now - stall["t"] > stall_timeout:
@@ -367,9 +379,17 @@ def run_jobs(link: ShapedLink, jobs: list[JobSpec], workdir: Path, timeout: floa
     t_go = time.time()
     last_sample = time.monotonic()
     total = sum(j.warmup + j.steps for j in jobs)
+    notes = []
     while any(p.poll() is None for p in procs.values()):
         check_failed()
-        check_timeout()
+        try:
+            check_timeout()
+        except _LingeringJobs:
+            left = [j.name for j in jobs if procs[j.name].poll() is None]
+            notes.append(f"{', '.join(left)} did not exit within {exit_grace:.0f}s after "
+                         f"the last step; killed (steps complete)")
+            link.kill_processes()
+            break
         if time.monotonic() - last_sample >= 0.5:
             samples.append((time.time(), link.bytes_sent()))
             last_sample = time.monotonic()
@@ -377,10 +397,11 @@ def run_jobs(link: ShapedLink, jobs: list[JobSpec], workdir: Path, timeout: floa
                 done = sum(_count_lines(workdir / f"{j.name}.steps.jsonl") for j in jobs)
                 progress.update(f"steps {done}/{total}  {time.time() - t_go:.0f}s since go")
         time.sleep(0.05)
-    check_failed()
+    if not notes:
+        check_failed()
     samples.append((time.time(), link.bytes_sent()))
 
-    result = {"t_go": t_go, "link_samples": samples, "jobs": []}
+    result = {"t_go": t_go, "link_samples": samples, "jobs": [], "notes": notes}
     for job in jobs:
         w = workdir / job.name
         meta = json.loads(Path(f"{w}.meta.json").read_text()) if Path(f"{w}.meta.json").exists() else {}
@@ -477,7 +498,7 @@ def execute_run(r: dict, args, workroot: Path, progress: Progress | None) -> dic
                             priority=args.priority if impl == "prio" else None, env=env))
     label = f"{r['scenario']}-{'+'.join(IMPL_SHORT[c] for c in r['config'])}-{r['rate']}-b{r['batch']}-r{r['repeat']}"
     workdir = workroot / label
-    rec = dict(r, label=label, status="ok", error=None)
+    rec = dict(r, label=label, status="ok", error=None, loadavg_before=os.getloadavg()[0])
     link = ShapedLink(r["rate"], delay=args.delay)
     try:
         link.create()
@@ -487,6 +508,7 @@ def execute_run(r: dict, args, workroot: Path, progress: Progress | None) -> dic
     except RunFailed as e:
         rec["status"], rec["error"] = "failed", str(e)
     finally:
+        rec["loadavg_after"] = os.getloadavg()[0]   # 1-min: includes our own ~2-5 processes
         link.cleanup()
     return rec
 

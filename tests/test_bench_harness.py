@@ -183,6 +183,31 @@ def test_cleanup_after_failing_job(tmp_path, monkeypatch):
     assert not _alive(int(pidfile.read_text()))
 
 
+@needs_netns
+@pytest.mark.timeout(30)
+def test_job_that_does_not_exit_after_its_steps_is_killed(tmp_path, monkeypatch):
+    w = tmp_path / "w"
+
+    def fake(job, wd):
+        p = wd / job.name
+        return ["sh", "-c", f"echo '{{\"step\": 0, \"t_start\": 1, \"t_end\": 2, \"warmup\": true}}' "
+                            f"> {p}.steps.jsonl; touch {p}.ready; "
+                            f"while [ ! -e {wd}/go ]; do sleep 0.05; done; "
+                            f"echo '{{\"step\": 1, \"t_start\": 3, \"t_end\": 4}}' >> {p}.steps.jsonl; "
+                            "sleep 300"]
+    monkeypatch.setattr(run, "job_command", fake)
+    link = ShapedLink("1gbit")
+    try:
+        link.create()
+        res = run.run_jobs(link, [run.JobSpec(name="job0", impl="horovod", steps=1, warmup=1)],
+                           w, 20, exit_grace=1.0)
+        assert res["notes"] and "did not exit" in res["notes"][0]
+        assert [s["step"] for s in res["jobs"][0]["steps"]] == [0, 1]
+        assert netns.namespace_pids(link.name) == []
+    finally:
+        link.cleanup()
+
+
 _CHILD = """
 import sys, time
 from benchmarks.netns import ShapedLink, install_signal_handlers
