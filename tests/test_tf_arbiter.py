@@ -285,8 +285,9 @@ def test_arbiter_alive_weights_match_the_reference(alive, reference_and_unreacha
 def test_unreachable_arbiter_job_finishes_with_one_warning(reference_and_unreachable):
     job = reference_and_unreachable["unreachable"]
     check(job["res"])
-    warnings = [ln for ln in job["log"].splitlines() if "WARNING horovod_prio" in ln]
-    assert len(warnings) == 1 and OUTAGE in warnings[0], warnings
+    # horovodrun interleaves the ranks' output mid-line, so count in the whole log
+    log = job["log"]
+    assert log.count("WARNING horovod_prio") == 1 and log.count(OUTAGE) == 1, log[-4000:]
     c = job["rank0"]["counters"]
     assert c["arbiter_grants"] == 0 and c["fallback_grants"] == c["requests"] > 0, c
     assert_every_chunk_once(job)
