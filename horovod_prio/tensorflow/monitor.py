@@ -1,12 +1,13 @@
 """Rank-0 batch-time monitor and the per-step priority broadcast.
 
-Each training step's graph holds one ``tf.py_function`` on rank 0 that takes
-no input, so TensorFlow runs it as the step starts; the interval between two
-calls is the batch training time the patent measures. It runs
-:class:`~horovod_prio.policy.AdaptivePriorityPolicy` (``after_batch`` for the
-batch that just ended, ``before_batch`` for the one starting) and returns the
-priority vector, which ``hvd.broadcast`` then sends from rank 0 so every rank
-gates with the same priorities. The function never blocks.
+Each training step's graph holds one ``tf.numpy_function`` (the "tick") that
+takes no input, so TensorFlow runs it as the step starts; on rank 0 the
+interval between two ticks is the batch training time the patent measures.
+Rank 0's tick runs :class:`~horovod_prio.policy.AdaptivePriorityPolicy`
+(``after_batch`` for the batch that just ended, ``before_batch`` for the one
+starting) and returns the priority vector, which ``hvd.broadcast`` then sends
+from rank 0 so every rank gates with the same priorities. The tick never
+blocks; on other ranks it only moves trace events.
 """
 import atexit
 import os
@@ -27,17 +28,28 @@ _QUIET = {"warmup", "within"}
 _TRACES = {}
 
 
-def _trace_writer(path):
+class _Trace:
+    """The trace file of this process plus the chunks whose spans are still open."""
+
+    def __init__(self, path):
+        self.writer = TraceWriter(path)
+        self.open_chunks = {}
+
+    def flush_scheduler_events(self):
+        _flush_scheduler_events(self.writer, self.open_chunks)
+
+
+def _trace_for(path):
     if path not in _TRACES:
-        _TRACES[path] = TraceWriter(path)
+        _TRACES[path] = _Trace(path)
     return _TRACES[path]
 
 
 @atexit.register
 def _close_traces():
-    for path, writer in list(_TRACES.items()):
-        _flush_scheduler_events(writer, {})
-        writer.close()
+    for trace in list(_TRACES.values()):
+        trace.flush_scheduler_events()
+        trace.writer.close()
 
 
 def _flush_scheduler_events(writer, open_chunks):
@@ -97,13 +109,12 @@ class PriorityMonitor:
         self.policy = config.make_policy(num_groups) if self.rank == 0 else None
         self.batches = 0
         self._last = None
-        self._trace = None
-        self._open_chunks = {}
+        self._trace = None  # _Trace
         hold = self.rank == 0 and self.process_set.size() > 1
         cc.configure(config.credit_bytes, hold)
         self.arbiter = attach_arbiter(config, hold)
         if config.trace_path:
-            self._trace = _trace_writer(trace_path_for_rank(config.trace_path, self.rank))
+            self._trace = _trace_for(trace_path_for_rank(config.trace_path, self.rank))
             cc.set_tracing(True)
         if self.policy is not None:
             self.policy.add_listener(self._on_event)
@@ -121,7 +132,7 @@ class PriorityMonitor:
                            process_set=self.process_set, ignore_name_scope=True)
         return p
 
-    # -- rank 0, Python ------------------------------------------------------------
+    # -- Python, once per step ----------------------------------------------------
     def _tick(self):
         """Runs as each step starts (on every rank; the policy only on rank 0)."""
         policy = self.policy
@@ -132,13 +143,13 @@ class PriorityMonitor:
                 policy.after_batch(seconds)
                 if self._trace:
                     wall_us = time.time() * 1e6
-                    self._trace.span("step %d" % (self.batches - 1), wall_us - seconds * 1e6,
-                                     seconds * 1e6, "steps", "step", {"seconds": seconds})
+                    self._trace.writer.span("step %d" % (self.batches - 1), wall_us - seconds * 1e6,
+                                            seconds * 1e6, "steps", "step", {"seconds": seconds})
             self._last = now
             policy.before_batch()
         self.batches += 1
         if self._trace:
-            _flush_scheduler_events(self._trace, self._open_chunks)
+            self._trace.flush_scheduler_events()
         return np.asarray(policy.priorities if policy is not None else self.base, dtype=np.int32)
 
     def _on_event(self, ev):
@@ -148,11 +159,11 @@ class PriorityMonitor:
                                   list(ev.priorities)))
         log.log(logging.DEBUG if ev.kind in _QUIET else logging.INFO, msg)
         if self._trace:
-            self._trace.instant(ev.kind, time.time() * 1e6, "policy", "policy",
-                                {"batch": ev.batch, "seconds": ev.seconds,
-                                 "min": ev.min_batch_time, "threshold": ev.threshold,
-                                 "count": ev.count, "boost": ev.boost,
-                                 "priorities": list(ev.priorities)})
+            self._trace.writer.instant(ev.kind, time.time() * 1e6, "policy", "policy",
+                                       {"batch": ev.batch, "seconds": ev.seconds,
+                                        "min": ev.min_batch_time, "threshold": ev.threshold,
+                                        "count": ev.count, "boost": ev.boost,
+                                        "priorities": list(ev.priorities)})
 
 
 def _fmt(x):
