@@ -1,6 +1,6 @@
 """Numerics: Horovod's optimizer/tape vs ours, same model, data and seed ->
 same weights on every rank (rtol 1e-5), for fit, Adam, tape,
-backward_passes_per_step, fp16 compression, predivide, Sum, sparse_as_dense and
+backward_passes_per_step, fp16 compression, an eager tape loop, predivide, Sum, sparse_as_dense and
 the sparse fallback. Real horovodrun, 2 ranks, Gloo and MPI."""
 import os
 
@@ -10,7 +10,7 @@ import pytest
 from hvdrun import CONTROLLERS, HERE, check, have_tf_stack, horovodrun
 
 pytestmark = pytest.mark.skipif(have_tf_stack() is not None, reason="TF stack: %s" % have_tf_stack())
-MODES = ["fit", "fit_adam", "tape", "bpps", "fp16", "predivide", "sum", "sparse_as_dense", "sparse"]
+MODES = ["fit", "fit_adam", "tape", "tape_eager", "bpps", "fp16", "predivide", "sum", "sparse_as_dense", "sparse"]
 
 
 def _load(path):

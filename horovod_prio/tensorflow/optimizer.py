@@ -34,11 +34,27 @@ def bound_arguments(hvd_fn, args, kwargs):
     return bound.arguments
 
 
+_FNS = {}
+
+
+def _priority_allreduce(name, config, fallback, kwargs):
+    """One PriorityAllreduce per distinct setup, like Horovod's cached allreduce fn:
+    an eager loop that wraps a fresh tape every step then reuses one traced graph."""
+    try:
+        key = (name, config, fallback, tuple(sorted(kwargs.items())))
+        hash(key)
+    except TypeError:
+        return PriorityAllreduce(name, config, fallback, **kwargs)
+    if key not in _FNS:
+        _FNS[key] = PriorityAllreduce(name, config, fallback, **kwargs)
+    return _FNS[key]
+
+
 def install(target, name, config, hvd_args):
     """Replace ``target._allreduce_grads`` (an optimizer or tape) by the priority path."""
     fallback = target._allreduce_grads
     kwargs = {k: hvd_args[k] for k in _FUSION_ARGS if k in hvd_args}
-    fn = PriorityAllreduce(name, config, fallback, **kwargs)
+    fn = _priority_allreduce(name, config, fallback, kwargs)
     target._allreduce_grads = fn
     helper = getattr(target, "_agg_helper", None)
     if helper is not None:  # backward_passes_per_step > 1

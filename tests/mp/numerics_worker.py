@@ -75,7 +75,7 @@ def run_fit(impl, **kw):
     return model.get_weights()
 
 
-def run_tape(impl):
+def run_tape(impl, eager=False):
     mod = prio_tf if impl == "prio" else hvd_tf
     extra = {"priority": PRIO} if impl == "prio" else {}
     model = mlp()
@@ -83,7 +83,6 @@ def run_tape(impl):
     opt = tf.keras.optimizers.legacy.SGD(learning_rate=0.05)
     x, y = data()
 
-    @tf.function
     def step(xb, yb):
         with tf.GradientTape() as tape:
             loss = LOSS(yb, model(xb, training=True))
@@ -92,8 +91,9 @@ def run_tape(impl):
         opt.apply_gradients(zip(grads, model.trainable_variables))
         return loss
 
+    fn = step if eager else tf.function(step)
     for i in range(STEPS):
-        step(x[i * BATCH:(i + 1) * BATCH], y[i * BATCH:(i + 1) * BATCH])
+        fn(x[i * BATCH:(i + 1) * BATCH], y[i * BATCH:(i + 1) * BATCH])
     return model.get_weights()
 
 
@@ -101,6 +101,7 @@ MODES = {
     "fit": lambda impl: run_fit(impl),
     "fit_adam": lambda impl: run_fit(impl, opt=tf.keras.optimizers.Adam),
     "tape": run_tape,
+    "tape_eager": lambda impl: run_tape(impl, eager=True),
     "bpps": lambda impl: run_fit(impl, backward_passes_per_step=2),
     "fp16": lambda impl: run_fit(impl, compression=hvd_keras.Compression.fp16),
     "predivide": lambda impl: run_fit(impl, gradient_predivide_factor=2.0),
