@@ -7,12 +7,13 @@ callable:
 1. variables -> tasks (one per layer, backprop order) -> groups
    (:func:`horovod_prio.sequence.partition_groups`);
 2. each group's dense gradients are compressed exactly as Horovod would,
-   flattened and concatenated per dtype, and cut into chunks of at most
-   ``partition_bytes``;
+   flattened and concatenated per dtype (backprop order), and cut into chunks
+   of at most ``partition_bytes``; each chunk is assembled only from the
+   tensors it covers, so it can leave before the rest of its group is ready;
 3. every chunk goes ``HvdPrioGate -> hvd.allreduce -> HvdPrioDone``; the gate
    takes its group's priority (broadcast from rank 0 each step) and, on rank 0,
    releases chunks in priority order under ``credit_bytes``;
-4. chunks are concatenated back, split, reshaped and decompressed.
+4. the reduced chunks are split back into the gradients, reshaped and decompressed.
 
 The arithmetic per element is Horovod's own (same op, prescale/postscale
 factors and compression), only the packing differs, so results are identical.
@@ -158,30 +159,49 @@ class PriorityAllreduce:
         result = [None] * len(grads)
         for dtype, members in by_dtype.items():
             flats = [tf.reshape(comp[k][0], [-1]) for k in members]
-            sizes = [tf.size(f) for f in flats]
-            flat = flats[0] if len(flats) == 1 else tf.concat(flats, 0)
-            reduced = self._reduce_flat(flat, "%s_g%d_%s" % (self.name, g, dtype.name), priority)
-            parts = [reduced] if len(flats) == 1 else tf.split(reduced, tf.stack(sizes), num=len(flats))
-            for k, part in zip(members, parts):
+            reduced = self._reduce_flats(flats, "%s_g%d_%s" % (self.name, g, dtype.name), priority)
+            for k, part in zip(members, reduced):
                 t, ctx = comp[k]
                 result[k] = self.compression.decompress(tf.reshape(part, tf.shape(t)), ctx)
         return result
 
-    def _reduce_flat(self, flat, base, priority):
-        """Chunk, gate, allreduce and un-chunk one flat buffer."""
-        itemsize = max(1, flat.dtype.size)
-        per_chunk = max(1, self.config.partition_bytes // itemsize)
-        n = flat.shape[0]
-        if n is None:
-            raise ValueError("horovod_prio: gradient sizes must be static (got an unknown size in %s)" % base)
-        bounds = list(range(0, n, per_chunk)) + [n]
-        pieces = []
-        for c in range(len(bounds) - 1):
+    def _reduce_flats(self, flats, base, priority):
+        """Fuse 1-D tensors (backprop order) into chunks, gate + allreduce each, split back.
+
+        The group's buffer is the concatenation of ``flats`` cut every
+        ``partition_bytes``; each chunk is built from just the tensor segments
+        it covers, so it is ready as soon as those layers' gradients are (the
+        first chunks of a group do not wait for its last layer), and the
+        group buffer itself is never materialised.
+        """
+        sizes = [f.shape[0] for f in flats]
+        if any(n is None for n in sizes):
+            raise ValueError("horovod_prio: gradient sizes must be static (unknown size in %s)" % base)
+        per_chunk = max(1, self.config.partition_bytes // max(1, flats[0].dtype.size))
+        total = sum(sizes)
+        offsets = [sum(sizes[:i]) for i in range(len(sizes))]
+        segments = [[] for _ in flats]  # per tensor: (chunk index, start in chunk, length)
+        chunks = []
+        for c, lo in enumerate(range(0, total, per_chunk)):
+            hi = min(total, lo + per_chunk)
+            parts, pos = [], 0
+            for i, (off, n) in enumerate(zip(offsets, sizes)):
+                a, b = max(lo, off), min(hi, off + n)
+                if a >= b:
+                    continue
+                parts.append(flats[i] if (a, b) == (off, off + n) else flats[i][a - off:b - off])
+                segments[i].append((c, pos, b - a))
+                pos += b - a
+            chunk = parts[0] if len(parts) == 1 else tf.concat(parts, 0)
             name = "%s_c%d" % (base, c)
-            chunk = flat if len(bounds) == 2 else flat[bounds[c]:bounds[c + 1]]
             chunk = cc.gate(chunk, priority, name)
             chunk = _hvd.allreduce(chunk, op=self.op, prescale_factor=self.prescale,
                                    postscale_factor=self.postscale, name=name,
                                    process_set=self.process_set, ignore_name_scope=True)
-            pieces.append(cc.done(chunk, name))
-        return pieces[0] if len(pieces) == 1 else tf.concat(pieces, 0)
+            chunks.append((cc.done(chunk, name), hi - lo))
+        out = []
+        for segs in segments:
+            pieces = [chunks[c][0] if (start, length) == (0, chunks[c][1])
+                      else chunks[c][0][start:start + length] for c, start, length in segs]
+            out.append(pieces[0] if len(pieces) == 1 else tf.concat(pieces, 0))
+        return out
