@@ -24,9 +24,9 @@ Model (see docs/sim.md for the discussion):
   ``fifo`` fuses the tensors of a cycle in ready order into buffers of at
   most ``fusion_threshold`` bytes.
 * **Priority release** (``priority``, ``arbiter``, ``adaptive``): a group's
-  gradients are fused once the whole group is ready (groups from
-  :func:`horovod_prio.sequence.partition_groups`), cut into chunks of at most
-  ``partition_bytes``; a gate releases the highest-priority held chunk first
+  gradients (groups from :func:`horovod_prio.sequence.partition_groups`) are
+  fused in backprop order and cut every ``partition_bytes``; a chunk is ready
+  when the last layer it covers is (as the binding builds chunks); a gate releases the highest-priority held chunk first
   (ties: ready order) while released-but-unfinished bytes stay within
   ``credit_bytes`` (a chunk larger than the credit goes alone).
 * **Link sharing**: the wire is always *fair shared*: the collectives on
@@ -352,8 +352,19 @@ class _Job:
             if mode == "adaptive":
                 self.policy = pcfg.make_policy(len(self.groups))
             self.partition, self.credit = pcfg.partition_bytes, pcfg.credit_bytes
-            self.group_ready = [ready[g[-1]] for g in self.groups]
-            self.group_bytes = [sum(sizes[i] for i in g) for g in self.groups]
+            # As the binding does: a group's bytes (tasks in backprop order) are
+            # cut every partition_bytes and each chunk is ready when the last
+            # task it covers is ready (no wait for the whole group).
+            self.group_chunks = []
+            for g in self.groups:
+                chunks, pos, total = [], 0, sum(sizes[i] for i in g)
+                ends = list(itertools.accumulate(sizes[i] for i in g))
+                while pos < total:
+                    hi = min(total, pos + self.partition)
+                    last = next(k for k, e in enumerate(ends) if e >= hi)
+                    chunks.append((ready[g[last]], hi - pos))
+                    pos = hi
+                self.group_chunks.append(chunks)
         # horovod engine state
         self.hq: List = []
         self.cycle_list: List[_Msg] = []
@@ -387,10 +398,10 @@ class _Job:
                 self.sim.at(now + r * f, self.submit, (b, i, None))
         else:
             self.outstanding = 0
-            for g, (r, b) in enumerate(zip(self.group_ready, self.group_bytes)):
-                nchunks = max(1, -(-b // self.partition))
-                self.outstanding += nchunks
-                self.sim.at(now + r * f, self.group_ready_ev, g, b, nchunks)
+            for g, chunks in enumerate(self.group_chunks):
+                self.outstanding += len(chunks)
+                for r, size in chunks:
+                    self.sim.at(now + r * f, self.chunk_ready_ev, g, size)
         self.sim.at(now + self.compute_s * f, self.backward_done)
 
     def backward_done(self):
@@ -421,16 +432,12 @@ class _Job:
             self.start_step()
 
     # ---------------------------------------------------------- gate
-    def group_ready_ev(self, g, nbytes, nchunks):
+    def chunk_ready_ev(self, g, size):
         prio = self.prios[g]
-        base, rest = divmod(nbytes, nchunks)
-        for c in range(nchunks):
-            size = base + (1 if c < rest else 0)
-            if self.arbiter is not None:
-                self.arbiter.request(self, prio, size)
-            else:
-                heapq.heappush(self.held, (-prio, next(self.ready_seq), size))
-        if self.arbiter is None:
+        if self.arbiter is not None:
+            self.arbiter.request(self, prio, size)
+        else:
+            heapq.heappush(self.held, (-prio, next(self.ready_seq), size))
             self.release()
 
     def release(self):
