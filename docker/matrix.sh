@@ -121,7 +121,7 @@ resolve_base() {  # sets BASE to the base image to build on
   if $DOCKER image inspect "$BASE_IMAGE" >/dev/null 2>&1; then BASE=$BASE_IMAGE; return; fi
   log "pulling $BASE_IMAGE (timeout ${PULL_TIMEOUT}s)"
   if timeout "$PULL_TIMEOUT" $DOCKER pull -q "$BASE_IMAGE" >"$LOGDIR/pull.log" 2>&1; then BASE=$BASE_IMAGE; return; fi
-  log "cannot pull $BASE_IMAGE ($(tail -n1 "$LOGDIR/pull.log" | cut -c1-120)):"
+  log "cannot pull $BASE_IMAGE within ${PULL_TIMEOUT}s (details: ${LOGDIR#$ROOT/}/pull.log);"
   log "falling back to the local base $LOCAL_BASE_IMAGE (make docker-base)"
   bash "$ROOT/docker/make-base.sh" "$LOCAL_BASE_IMAGE" || die "could not build $LOCAL_BASE_IMAGE"
   BASE=$LOCAL_BASE_IMAGE
