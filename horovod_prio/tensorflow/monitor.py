@@ -118,11 +118,25 @@ class PriorityMonitor:
             cc.set_tracing(True)
         if self.policy is not None:
             self.policy.add_listener(self._on_event)
+        with tf.init_scope():
+            # The vector the gates use: last step's broadcast (see priorities_tensor).
+            self._vector = tf.Variable(self.base, dtype=tf.int32, trainable=False,
+                                       name=name + "_priorities")
         log.info("horovod_prio: %s: %d groups, base priorities %s, partition %d B, credit %d B",
                  name, num_groups, self.base, config.partition_bytes, config.credit_bytes)
 
     # -- graph side ----------------------------------------------------------------
     def priorities_tensor(self):
+        """The priority vector this step's gates use.
+
+        It is the vector rank 0 decided and broadcast at the previous step
+        boundary: reading it costs nothing, so no gate ever waits for the tick
+        or the broadcast (with few TF threads they can run late in a step).
+        This step's tick and broadcast then store the next vector. A decision
+        taken as batch k starts therefore applies from batch k + 1, on every
+        rank alike.
+        """
+        current = self._vector.read_value()
         # Every rank builds the same graph (the tick is a no-op off rank 0): an op
         # present on one rank only changes TF's automatic control dependencies
         # there, and two ranks ordering their collectives differently deadlock.
@@ -130,7 +144,8 @@ class PriorityMonitor:
         p = tf.ensure_shape(p, [self.num_groups])
         p = _hvd.broadcast(p, root_rank=0, name=self.name + "_PrioBcast",
                            process_set=self.process_set, ignore_name_scope=True)
-        return p
+        self._vector.assign(p)  # stateful: tf.function runs it after the read above
+        return current
 
     # -- Python, once per step ----------------------------------------------------
     def _tick(self):
