@@ -119,6 +119,8 @@ def build_parser():
     p.add_argument("--starvation-bound", type=int, default=8)
     p.add_argument("--arbiter-timeout", type=float, default=None,
                    help="HOROVOD_PRIO_ARBITER_TIMEOUT for arb jobs (default: the binding's)")
+    p.add_argument("--arbiter-cpus", default=None, metavar="LIST",
+                   help="taskset CPU list for the arbiter process (default: unpinned)")
     p.add_argument("--host-addr", type=_iface, default=_iface("169.254.77.1/30"))
     p.add_argument("--ns-addr", type=_iface, default=_iface("169.254.77.2/30"))
     p.add_argument("--job-timeout", type=_positive_int, default=400)
@@ -140,6 +142,9 @@ def parse_args(argv=None):
                 "addresses of the same subnet")
     if a.starvation_bound < 0:
         p.error(f"argument --starvation-bound: expected >= 0, got {a.starvation_bound}")
+    if a.arbiter_cpus is not None and not re.fullmatch(r"\d+([-,]\d+)*", a.arbiter_cpus):
+        p.error(f"argument --arbiter-cpus: expected a CPU list such as 1 or 0,1, "
+                f"got {a.arbiter_cpus!r}")
     if a.arbiter_timeout is not None and a.arbiter_timeout <= 0:
         p.error(f"argument --arbiter-timeout: expected > 0, got {a.arbiter_timeout}")
     return a
@@ -184,9 +189,9 @@ class Arbiter:
     """``horovod-prio arbiter`` on the host, bound to the veth's host end."""
 
     def __init__(self, host: str, secret_file: Path, credit: str, starvation_bound: int,
-                 log_path: Path):
+                 log_path: Path, cpus: str | None = None):
         self.host, self.secret_file = host, secret_file
-        self.argv = [sys.executable, "-m", "horovod_prio.cli", "arbiter",
+        self.argv = (["taskset", "-c", str(cpus)] if cpus else []) + [sys.executable, "-m", "horovod_prio.cli", "arbiter",
                      "--bind", f"{host}:0", "--secret-file", str(secret_file),
                      "--credit-bytes", credit, "--starvation-bound", str(starvation_bound)]
         self.log_path = log_path
@@ -378,7 +383,7 @@ def execute_run(r: dict, args, workroot: Path, secret_file: Path, secret: str,
         if with_arb:
             veth = VethToHost(link, args.host_addr, args.ns_addr).create()
             arb = Arbiter(str(args.host_addr.ip), secret_file, args.arbiter_credit,
-                          args.starvation_bound, workdir / "arbiter.log")
+                          args.starvation_bound, workdir / "arbiter.log", args.arbiter_cpus)
             rec["arbiter_address"] = arb.start()
             for j in jobs:
                 j.env.update({"HOROVOD_PRIO_ARBITER": arb.address,
@@ -645,7 +650,7 @@ def main(argv=None) -> int:
         "warmup": args.warmup, "repeats": args.repeats, "configs": args.configs,
         "prio_env": dict(args.prio_env), "arbiter_credit": args.arbiter_credit,
         "starvation_bound": args.starvation_bound, "arbiter_timeout": args.arbiter_timeout,
-        "host_addr": str(args.host_addr), "ns_addr": str(args.ns_addr), "link": LINK_NAME,
+        "arbiter_cpus": args.arbiter_cpus, "host_addr": str(args.host_addr), "ns_addr": str(args.ns_addr), "link": LINK_NAME,
     }, "runs": []}
     failed = 0
     try:

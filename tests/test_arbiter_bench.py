@@ -34,6 +34,7 @@ def test_defaults():
     (["--prio-env", "FOO=1"], "HOROVOD_PRIO_"),
     (["--starvation-bound", "-1"], "--starvation-bound"),
     (["--arbiter-timeout", "0"], "--arbiter-timeout"),
+    (["--arbiter-cpus", "one"], "--arbiter-cpus"),
 ])
 def test_bad_arguments_named(capsys, argv, needle):
     assert needle in _err(capsys, argv)
