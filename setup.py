@@ -17,7 +17,8 @@ OP_SOURCES = [os.path.join(CC_DIR, f) for f in ("scheduler.cc", "ops.cc")]
 
 def _tf_flags():
     code = ("import tensorflow as tf, json; "
-            "print(json.dumps([tf.sysconfig.get_compile_flags(), tf.sysconfig.get_link_flags()]))")
+            "print(json.dumps([tf.sysconfig.get_compile_flags(), tf.sysconfig.get_link_flags(), "
+            "tf.__version__]))")
     env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3")
     out = subprocess.check_output([sys.executable, "-c", code], env=env, text=True)
     import json
@@ -27,8 +28,24 @@ def _tf_flags():
 class BuildTFOp(build_ext):
     """Builds the scheduler op with g++ and TensorFlow's own flags."""
 
+    _flags = None
+
+    def tf_flags(self):
+        if self._flags is None:
+            self._flags = _tf_flags()
+        return self._flags
+
+    def get_ext_filename(self, fullname):
+        # One library per TF version (horovod_prio/cc/__init__.py loads the one
+        # matching the running TF), so the venvs of two stacks can share a checkout.
+        name = super().get_ext_filename(fullname)
+        if fullname.split(".")[-1] == "_scheduler_ops":
+            head, sep, tail = name.partition("_scheduler_ops")
+            name = "%s%s_tf%s%s" % (head, sep, self.tf_flags()[2].replace(".", "_"), tail)
+        return name
+
     def build_extension(self, ext):
-        cflags, lflags = _tf_flags()
+        cflags, lflags, _ = self.tf_flags()
         out = self.get_ext_fullpath(ext.name)
         os.makedirs(os.path.dirname(out), exist_ok=True)
         cmd = (["g++", "-std=c++17", "-shared", "-fPIC", "-O2", "-Wall"]

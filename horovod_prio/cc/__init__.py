@@ -56,17 +56,31 @@ class SchedulerOpError(RuntimeError):
     """The scheduler op library is missing or cannot be loaded."""
 
 
-def library_path():
-    """Real path of the built ``_scheduler_ops*.so``; raises SchedulerOpError if absent."""
+def _tf_version():
+    import tensorflow as tf
+    return tf.__version__
+
+
+def library_path(tf_version=None):
+    """Real path of ``_scheduler_ops_tf<version>*.so`` built for the running TF.
+
+    setup.py names the library after the TF it was compiled against, so the
+    venvs of two stacks (``make install TF=...``) can share one checkout.
+    Raises SchedulerOpError if there is none for this TF.
+    """
+    version = tf_version or _tf_version()
     suffix = sysconfig.get_config_var("EXT_SUFFIX") or ".so"
-    exact = os.path.join(_HERE, "_scheduler_ops" + suffix)
+    name = "_scheduler_ops_tf%s" % version.replace(".", "_")
+    exact = os.path.join(_HERE, name + suffix)
     if os.path.exists(exact):
         return os.path.realpath(exact)
-    found = sorted(glob.glob(os.path.join(_HERE, "_scheduler_ops*.so")))
+    found = sorted(glob.glob(os.path.join(_HERE, name + "*.so")))
     if not found:
+        others = sorted(os.path.basename(p) for p in glob.glob(os.path.join(_HERE, "_scheduler_ops*.so")))
         raise SchedulerOpError(
-            "horovod_prio scheduler op library not found (looked for %s): %s"
-            % (os.path.join(_HERE, "_scheduler_ops*.so"), _BUILD_HINT))
+            "horovod_prio scheduler op library for TensorFlow %s not found (looked for %s%s; "
+            "present: %s): %s" % (version, os.path.join(_HERE, name), suffix,
+                                  ", ".join(others) or "none", _BUILD_HINT))
     return os.path.realpath(found[0])
 
 
