@@ -50,7 +50,7 @@ from pathlib import Path
 from . import netns, report
 from .netns import HarnessError, ShapedLink
 from .run import (REPO, JobSpec, Progress, RunFailed, _cpus_for, _git_rev, _prio_env,
-                  _positive_int, _rate, horovodrun_path, run_jobs)
+                  _positive_int, _rate, preflight, run_jobs)
 
 CONFIGS = {
     "hvd": ("horovod", "horovod", False),
@@ -507,18 +507,7 @@ def markdown(results: dict) -> str:
     fails = [r for r in results.get("runs", []) if r.get("status") != "ok"]
     for r in fails:
         lines += ["", f"Failed ({r.get('label')}): {(r.get('error') or '').splitlines()[0][:200]}"]
-    for r in results.get("runs", []):
-        for n in r.get("notes") or []:
-            lines += ["", f"Note ({r.get('label')}): {n}."]
-    loads = [x for r in results.get("runs", []) for x in (r.get("loadavg_before"),
-                                                           r.get("loadavg_after")) if x is not None]
-    if loads:
-        ncpu = meta.get("ncpu") or 2
-        lines += ["", f"1-min load average at run start/end: median {statistics.median(loads):.1f}, "
-                      f"max {max(loads):.1f} on {ncpu} cores (a two-job run itself accounts for "
-                      f"about 4-5)"
-                      + ("; **other load on the machine: compute-bound numbers are not reliable**"
-                         if max(loads) > 2.5 * ncpu + 1 else "") + "."]
+    lines += report.notes_and_load(results, meta)
     lines += ["", "s/step: median over repeats of each job's median step time over the overlap "
               "window (warmup excluded). speedup: hvd+hvd mean s/step ÷ this config's, same "
               "repeat, median over repeats. worst job: largest per-job slowdown vs the hvd+hvd "
@@ -625,13 +614,7 @@ def main(argv=None) -> int:
     args = parse_args(argv)
     if args.report_only:
         return report_only(Path(args.out))
-    netns.install_signal_handlers()
-    try:
-        netns.require_root()
-        netns.require_tools()
-        horovodrun_path()
-    except HarnessError as e:
-        sys.stderr.write(f"[arbiter-bench] error: {e}\n")
+    if not preflight("arbiter-bench"):
         return 2
     netns.cleanup_stale()
     out = Path(args.out)

@@ -145,6 +145,25 @@ def _f(x, fmt="{:.3f}"):
     return "–" if x is None else fmt.format(x)
 
 
+def notes_and_load(results, meta):
+    """Markdown lines under a results table: per-run notes and the machine's load."""
+    lines = []
+    for r in results.get("runs", []):
+        for n in r.get("notes") or []:
+            lines += ["", f"Note ({r.get('label')}): {n}."]
+    loads = [x for r in results.get("runs", []) for x in (r.get("loadavg_before"),
+                                                           r.get("loadavg_after")) if x is not None]
+    if loads:
+        ncpu = meta.get("ncpu") or 2
+        busy = max(loads) > 2.5 * ncpu + 1
+        lines += ["", f"1-min load average at run start/end: median {statistics.median(loads):.1f}, "
+                      f"max {max(loads):.1f} on {ncpu} cores (a two-job run itself accounts for "
+                      f"about 4-5)"
+                      + ("; **other load on the machine: compute-bound numbers are not reliable**"
+                         if busy else "") + "."]
+    return lines
+
+
 def markdown(results: dict) -> str:
     rows = summarize(results)
     meta = results.get("meta", {})
@@ -173,16 +192,7 @@ def markdown(results: dict) -> str:
             f"| {_f(js[1])} | {_f(r['mean_s'])} | {_f(r['floor_s'])} | {_f(r['speedup'], '{:.2f}×')} "
             f"| {_f(r['worst_job_change'], '{:+.1%}')} | {_f(r['link_busy'], '{:.0%}')} "
             f"| {r['runs_ok']}/{r['runs']} |")
-    for r in results.get("runs", []):
-        for n in r.get("notes") or []:
-            lines += ["", f"Note ({r.get('label')}): {n}."]
-    loads = [x for r in results.get("runs", []) for x in (r.get("loadavg_before"),
-                                                           r.get("loadavg_after")) if x is not None]
-    if loads:
-        ncpu = meta.get("ncpu") or 2
-        lines += ["", f"1-min load average at run start/end: median {statistics.median(loads):.1f}, "
-                      f"max {max(loads):.1f} on {ncpu} cores (a two-job run itself accounts for "
-                      f"about 4-5){'; **other load on the machine: compute-bound numbers are not reliable**' if max(loads) > 2.5 * ncpu + 1 else ''}."]
+    lines += notes_and_load(results, meta)
     if not meta.get("prio_available", True) and "prio" in meta.get("impls", ["prio"]):
         lines += ["", f"horovod_prio binding unavailable in this run "
                       f"({meta.get('prio_unavailable_reason')}): prio configs skipped."]

@@ -25,7 +25,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from dataclasses import dataclass, field, asdict
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from . import netns
@@ -513,15 +513,22 @@ def execute_run(r: dict, args, workroot: Path, progress: Progress | None) -> dic
     return rec
 
 
-def main(argv=None) -> int:
-    args = parse_args(argv)
+def preflight(tag) -> bool:
+    """Signal handlers, root, tools and horovodrun; False (after saying why) if missing."""
     netns.install_signal_handlers()
     try:
         netns.require_root()
         netns.require_tools()
         horovodrun_path()
     except HarnessError as e:
-        sys.stderr.write(f"[bench] error: {e}\n")
+        sys.stderr.write(f"[{tag}] error: {e}\n")
+        return False
+    return True
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    if not preflight("bench"):
         return 2
     removed = netns.cleanup_stale()
     if removed:
