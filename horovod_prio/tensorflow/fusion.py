@@ -80,7 +80,6 @@ class PriorityAllreduce:
             self.postscale = gradient_predivide_factor
         else:
             self.prescale = self.postscale = 1.0
-        self.monitor = None
         self._warned = set()
         self._graph_fn = None
         reason = None
@@ -138,12 +137,13 @@ class PriorityAllreduce:
                     dense.append(i)
             if not dense:
                 return out
-            sub_vars = [vars[i] for i in dense] if vars is not None and len(vars) == len(grads) else [None] * len(dense)
+            known = vars is not None and len(vars) == len(grads)
+            sub_vars = [vars[i] if known else None for i in dense]
             tasks = [[dense[j] for j in task] for task in layer_tasks(sub_vars)]
             groups = self.config.make_groups(len(tasks))
             group_indices = [[i for t in grp for i in tasks[t]] for grp in groups]
-            self.monitor = get_monitor(self.name, self.config, len(groups), self.process_set)
-            priorities = self.monitor.priorities_tensor()
+            monitor = get_monitor(self.name, self.config, len(groups), self.process_set)
+            priorities = monitor.priorities_tensor()
             with tf.device(self.device_dense):
                 for g, idx in enumerate(group_indices):
                     reduced = self._reduce_group(g, [grads[i] for i in idx], priorities[g])

@@ -62,7 +62,6 @@ def install(target, name, config, hvd_args):
             helper._allreduce_grads = fn
         if hasattr(helper, "allreduce_grads"):
             helper.allreduce_grads = fn
-    target.priority_allreduce = fn
     return target
 
 
