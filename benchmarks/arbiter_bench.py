@@ -10,7 +10,8 @@ core j -- all crossing the namespace's tbf-shaped ``lo``):
 
   hvd   plain Horovod + plain Horovod                     (baseline)
   prio  horovod_prio + horovod_prio, no arbiter
-  arb   horovod_prio + horovod_prio, both joined to one arbiter
+  arb   horovod_prio + horovod_prio, both joined to one arbiter (--order chunk)
+  burst horovod_prio + horovod_prio, both joined to one arbiter (--order burst)
 
 The arbiter must not sit behind the shaped qdisc (its ~50-byte messages would
 queue behind gradient bytes), so for every run a veth pair connects the
@@ -52,12 +53,15 @@ from .netns import HarnessError, ShapedLink
 from .run import (REPO, JobSpec, Progress, RunFailed, _cpus_for, _git_rev, _prio_env,
                   _positive_int, _rate, preflight, run_jobs)
 
+# name -> (job 0, job 1, arbiter order or None)
 CONFIGS = {
-    "hvd": ("horovod", "horovod", False),
-    "prio": ("prio", "prio", False),
-    "arb": ("prio", "prio", True),
+    "hvd": ("horovod", "horovod", None),
+    "prio": ("prio", "prio", None),
+    "arb": ("prio", "prio", "chunk"),
+    "burst": ("prio", "prio", "burst"),
 }
-LABELS = {"hvd": "hvd+hvd", "prio": "prio+prio", "arb": "prio+prio + arbiter"}
+LABELS = {"hvd": "hvd+hvd", "prio": "prio+prio", "arb": "prio+prio + arbiter",
+          "burst": "prio+prio + arbiter, burst order"}
 LINK_NAME = "shared"
 
 
@@ -189,11 +193,12 @@ class Arbiter:
     """``horovod-prio arbiter`` on the host, bound to the veth's host end."""
 
     def __init__(self, host: str, secret_file: Path, credit: str, starvation_bound: int,
-                 log_path: Path, cpus: str | None = None):
+                 log_path: Path, cpus: str | None = None, order: str = "chunk"):
         self.host, self.secret_file = host, secret_file
         self.argv = (["taskset", "-c", str(cpus)] if cpus else []) + [sys.executable, "-m", "horovod_prio.cli", "arbiter",
                      "--bind", f"{host}:0", "--secret-file", str(secret_file),
-                     "--credit-bytes", credit, "--starvation-bound", str(starvation_bound)]
+                     "--credit-bytes", credit, "--starvation-bound", str(starvation_bound),
+                     "--order", order]
         self.log_path = log_path
         self.proc = None
         self.address = None
@@ -383,7 +388,8 @@ def execute_run(r: dict, args, workroot: Path, secret_file: Path, secret: str,
         if with_arb:
             veth = VethToHost(link, args.host_addr, args.ns_addr).create()
             arb = Arbiter(str(args.host_addr.ip), secret_file, args.arbiter_credit,
-                          args.starvation_bound, workdir / "arbiter.log", args.arbiter_cpus)
+                          args.starvation_bound, workdir / "arbiter.log", args.arbiter_cpus,
+                          order=with_arb)
             rec["arbiter_address"] = arb.start()
             for j in jobs:
                 j.env.update({"HOROVOD_PRIO_ARBITER": arb.address,
@@ -600,7 +606,7 @@ def report_only(out: Path) -> int:
     write_report(results, out)
     tl = [(f"{LABELS[r['config_name']]} (repeat {r['repeat'] + 1})", out / "raw" / r["label"],
            report.overlap_window(r)) for r in results["runs"]
-          if r.get("status") == "ok" and r.get("config_name") in ("prio", "arb")
+          if r.get("status") == "ok" and r.get("config_name") in ("prio", "arb", "burst")
           and (out / "raw" / str(r.get("label"))).is_dir()]
     if tl:
         last = max(r["repeat"] for r in results["runs"])   # latest repeat: least start-up noise

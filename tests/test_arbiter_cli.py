@@ -77,6 +77,8 @@ def test_cli_errors_are_clear(tmp_path):
     assert r.returncode == 2 and "credit-bytes" in r.stderr
     r = run_cli("--bind", "127.0.0.1:0", "--lease-seconds", "0", env=_env(HOROVOD_PRIO_ARBITER_SECRET="x"))
     assert r.returncode == 2 and "lease-seconds" in r.stderr
+    r = run_cli("--bind", "127.0.0.1:0", "--order", "fifo", env=_env(HOROVOD_PRIO_ARBITER_SECRET="x"))
+    assert r.returncode == 2 and "--order" in r.stderr and "burst" in r.stderr
     r = run_cli()
     assert r.returncode == 2
 
@@ -86,8 +88,8 @@ def test_cli_serves_reports_stats_and_survives_kill_restart(tmp_path, caplog):
     secret_file.write_text(SECRET + "\n")
     p, addr = start_arbiter("--bind", "127.0.0.1:0", "--secret-file", str(secret_file),
                             "--credit-bytes", "1KiB", "--link-credit", "eth1=2KiB",
-                            "--lease-seconds", "5", "--starvation-bound", "4", "--log-level", "DEBUG",
-                            env=_env())
+                            "--lease-seconds", "5", "--starvation-bound", "4", "--order", "burst",
+                            "--log-level", "DEBUG", env=_env())
     p2 = None
     g = Grants()
     c = ArbiterClient(addr, "eth1", "job-a", SECRET, g, timeout=0.2,
@@ -103,6 +105,7 @@ def test_cli_serves_reports_stats_and_survives_kill_restart(tmp_path, caplog):
         link = st["links"]["eth1"]
         assert link["grants"] == 1 and link["connected_jobs"] == 1 and link["credit_bytes"] == 2048
         assert st["server"]["credit_bytes"] == 1024 and st["server"]["starvation_bound"] == 4
+        assert st["server"]["order"] == "burst"
         r = run_cli("--stats", "%s:%d" % addr, env=_env(HOROVOD_PRIO_ARBITER_SECRET="wrong"))
         assert r.returncode == 1 and "failed" in r.stderr
 

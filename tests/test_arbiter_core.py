@@ -217,33 +217,122 @@ def test_bad_requests_raise():
     with pytest.raises(ValueError, match="too many"):
         b.request(B, 3, 0, 1)
     for kw, msg in ((dict(credit_bytes=0), "credit_bytes"), (dict(lease_seconds=0), "lease_seconds"),
-                    (dict(starvation_bound=-1), "starvation_bound")):
+                    (dict(starvation_bound=-1), "starvation_bound"), (dict(order="fifo"), "order")):
         with pytest.raises(ValueError, match=msg):
             Arbiter(**kw)
 
 
+def test_burst_order_equal_priorities_take_turns():
+    """Two jobs with equal priorities: with order="burst" the job whose burst
+    started first keeps the link until its burst ends; "chunk" interleaves."""
+    for order, want in (("burst", ["a2", "a3", "b1", "b2"]), ("chunk", ["b1", "a2", "b2", "a3"])):
+        a, _ = mk(credit=100, order=order)
+        A, B = a.register("A", "L"), a.register("B", "L")
+        jobs = {"A": A, "B": B}
+        assert names(a.request(A, 1, 5, 100, "a1")) == [("A", "a1")]
+        assert a.request(B, 1, 5, 100, "b1") == []
+        assert a.request(A, 2, 5, 100, "a2") == []
+        assert a.request(B, 2, 5, 100, "b2") == []
+        assert a.request(A, 3, 5, 100, "a3") == []
+        got, last = [], ("A", 1)
+        for _ in range(4):
+            (r,) = a.complete(jobs[last[0]], last[1])
+            got.append(r.chunk)
+            last = (r.job.job_id, r.token)
+        assert got == want, order
+
+
+def test_burst_order_a_boosted_burst_wins_with_all_its_chunks():
+    """Job A's burst holds a boosted chunk (priority 9): all of A's chunks, even
+    its priority-0 ones, go before B's priority-5 chunks; inside A the order is
+    A's own (priority, then arrival)."""
+    a, _ = mk(credit=100, order="burst")
+    A, B = a.register("A", "L"), a.register("B", "L")
+    a.request(B, 1, 5, 100, "b-hold")                      # granted: the link is busy
+    a.request(B, 2, 5, 100, "b2")
+    a.request(A, 1, 0, 100, "a-low")
+    a.request(A, 2, 9, 100, "a-boosted")
+    a.request(A, 3, 1, 100, "a-mid")
+    order, last = [], (B, 1)
+    for _ in range(4):
+        (r,) = a.complete(*last)
+        order.append(r.chunk)
+        last = (r.job, r.token)
+    assert order == ["a-boosted", "a-mid", "a-low", "b2"]
+
+
+def test_burst_ends_when_the_job_has_nothing_left_on_the_link():
+    """A's burst ends when its last grant completes: its next request starts a
+    new burst behind B's, which started meanwhile."""
+    a, _ = mk(credit=100, order="burst")
+    A, B = a.register("A", "L"), a.register("B", "L")
+    a.request(A, 1, 5, 100, "a1")
+    a.request(B, 1, 5, 100, "b1")           # waits: B's burst starts now
+    assert names(a.complete(A, 1)) == [("B", "b1")]
+    a.request(A, 2, 5, 100, "a2")           # A's new burst (after B's)
+    a.request(B, 2, 5, 100, "b2")           # still B's first burst
+    assert names(a.complete(B, 1)) == [("B", "b2")]
+    assert names(a.complete(B, 2)) == [("A", "a2")]
+    assert a.stats()["L"]["bursts"] == 3     # A, B, A again
+
+
+def test_burst_order_keeps_the_starvation_bound():
+    a, _ = mk(credit=100, K=2, order="burst")
+    A, B = a.register("A", "L"), a.register("B", "L")
+    a.request(A, 1, 9, 100, "a1")
+    a.request(B, 1, 0, 100, "b-starved")
+    for t in range(2, 5):
+        a.request(A, t, 9, 100, "a%d" % t)
+    got, last = [], 1
+    for _ in range(3):
+        (r,) = a.complete(A if got == [] or got[-1] != "b-starved" else B, last)
+        got.append(r.chunk)
+        last = r.token
+        if r.chunk == "b-starved":
+            break
+    assert got == ["a2", "a3", "b-starved"]     # passed over twice, then granted
+    assert a.stats()["L"]["starvation_grants"] == 1
+
+
+@pytest.mark.parametrize("order", ["chunk", "burst"])
 @pytest.mark.parametrize("seed", range(6))
-def test_random_operations_keep_invariants(seed):
+def test_random_operations_keep_invariants(seed, order):
     """Randomised: credit respected, nothing grantable left waiting, and with
-    K = 0 every grant is the most urgent (priority, then arrival) pending request."""
+    K = 0 every grant is the most urgent pending request -- order "chunk":
+    (priority, then arrival); order "burst": (the job's burst priority, burst
+    start, priority, arrival), computed here by an independent model."""
     import random
     rng = random.Random(seed)
     K = rng.choice([0, 0, 2, 5])
     credit = rng.choice([100, 250, 1000])
-    a, clock = mk(credit=credit, lease=5.0, K=K)
+    a, clock = mk(credit=credit, lease=5.0, K=K, order=order)
     jobs = [a.register("J%d" % i, "L") for i in range(3)]
     granted = {}                     # (job, token) -> nbytes
     pending = {}                     # (job, token) -> (priority, seq)
+    burst = {}                       # job -> [start, max priority] while it has live requests
     seq = [0]
     tok = [0]
+
+    def urgency(key, ps):
+        if order == "chunk":
+            return (ps[0], -ps[1])
+        start, top = burst[key[0]]
+        return (top, -start, ps[0], -ps[1])
+
+    def end_idle_bursts():
+        live = {k[0] for k in pending} | {k[0] for k in granted}
+        for job in list(burst):
+            if job not in live:
+                del burst[job]
 
     def apply(grants, before_pending):
         for r in grants:
             key = (r.job.job_id, r.token)
             assert key in pending
             if K == 0:
-                best = max(before_pending.values(), key=lambda ps: (ps[0], -ps[1]))
-                assert pending[key] == best, "granted %r but %r was more urgent" % (pending[key], best)
+                best = max(before_pending, key=lambda k: urgency(k, before_pending[k]))
+                assert urgency(key, pending[key]) == urgency(best, before_pending[best]), \
+                    "granted %r but %r was more urgent" % (key, best)
             before_pending.pop(key)
             del pending[key]
             granted[key] = r.nbytes
@@ -255,17 +344,23 @@ def test_random_operations_keep_invariants(seed):
             tok[0] += 1
             seq[0] += 1
             prio, nbytes = rng.randint(-3, 3), rng.choice([0, 10, 60, 100, 300])
+            if j.job_id in burst:
+                burst[j.job_id][1] = max(burst[j.job_id][1], prio)
+            else:
+                burst[j.job_id] = [seq[0], prio]
             pending[(j.job_id, tok[0])] = (prio, seq[0])
             apply(a.request(j, tok[0], prio, nbytes, "c"), dict(pending))
         elif op < 0.9:
             key = rng.choice(sorted(granted))
             job = next(j for j in jobs if j.job_id == key[0])
             del granted[key]
+            end_idle_bursts()
             apply(a.complete(job, key[1]), dict(pending))
         elif op < 0.95:
             clock.t += 6.0               # every current grant expires
             expired = list(granted)
             granted.clear()
+            end_idle_bursts()
             out = a.expire()
             apply(out, dict(pending))
             assert a.stats()["L"]["expired_leases"] >= len(expired)
@@ -276,6 +371,7 @@ def test_random_operations_keep_invariants(seed):
                 del pending[key]
             for key in [k for k in granted if k[0] == j.job_id]:
                 del granted[key]
+            burst.pop(j.job_id, None)
             apply(a.drop(j), dict(pending))
             assert len(pending) <= before
             jobs[jobs.index(j)] = a.register(j.job_id, "L")

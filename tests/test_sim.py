@@ -308,6 +308,8 @@ def test_simulate_rejects_bad_arguments():
         simulate([JobSpec(toy(), 2, 1)], "fifo", LinkConfig(bandwidth=0))
     with pytest.raises(ValueError, match="topology"):
         simulate([JobSpec(toy(), 2, 1)], "fifo", LinkConfig(topology="ring"))
+    with pytest.raises(ValueError, match="arbiter_order"):
+        simulate([JobSpec(toy(), 2, 1)], "arbiter", LinkConfig(arbiter_order="fifo"))
 
 
 # ------------------------------------------------------------------ CLI
@@ -318,6 +320,7 @@ def test_simulate_rejects_bad_arguments():
     (["--workers", "-3"], "--workers"),
     (["--steps", "1,x"], "--steps"),
     (["--mode", "lifo"], "--mode"),
+    (["--arbiter-order", "fifo"], "--arbiter-order"),
     (["--model", "alexnet"], "--model"),
     (["--model", "/nonexistent/p.json"], "--model"),
     (["--num-groups", "0"], "--num-groups"),

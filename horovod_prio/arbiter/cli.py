@@ -2,7 +2,8 @@
 
     horovod-prio arbiter --bind HOST:PORT [--secret-file F] [--credit-bytes N]
                          [--link-credit LINK=N ...] [--lease-seconds S]
-                         [--starvation-bound K] [--log-level LEVEL]
+                         [--starvation-bound K] [--order burst|chunk]
+                         [--log-level LEVEL]
     horovod-prio arbiter --stats HOST:PORT [--secret-file F]
 
 The secret comes from ``--secret-file`` (whole file, surrounding whitespace
@@ -78,6 +79,10 @@ def build_parser():
                    help="a grant not completed within S seconds expires (default 10)")
     p.add_argument("--starvation-bound", type=_nonneg_int, default=8, metavar="K",
                    help="a request passed over K times is granted next (default 8; 0 = off)")
+    p.add_argument("--order", choices=["burst", "chunk"], default="chunk",
+                   help="cross-job order: 'chunk' = each request by its own priority; 'burst' = "
+                        "by the priority of the job's current burst (its step's chunks), bursts "
+                        "in start order, then the request's own priority (default chunk)")
     p.add_argument("--timeout", type=_positive, default=2.0, help="--stats: seconds to wait (default 2)")
     p.add_argument("--log-level", default="INFO",
                    choices=["DEBUG", "INFO", "WARNING", "ERROR", "debug", "info", "warning", "error"])
@@ -130,7 +135,7 @@ def main(argv=None):
     from .server import ArbiterServer
     srv = ArbiterServer(addr[0], addr[1], secret, credit_bytes=args.credit_bytes,
                         lease_seconds=args.lease_seconds, starvation_bound=args.starvation_bound,
-                        link_credits=dict(args.link_credit))
+                        link_credits=dict(args.link_credit), order=args.order)
     try:
         host, port = srv.start()
     except OSError as e:

@@ -1,9 +1,22 @@
 """Grant policy of the link arbiter (no I/O, no threads; pure Python).
 
-Per link, the arbiter grants the highest-priority pending request across all
-jobs (larger ``priority`` = more urgent; equal priorities in arrival order)
-while the granted-but-unfinished bytes on that link stay within the link's
-credit. A request larger than the credit is granted alone once nothing is
+Per link, the arbiter grants the most urgent pending request across all jobs
+(larger ``priority`` = more urgent) while the granted-but-unfinished bytes on
+that link stay within the link's credit. Two orders:
+
+* ``order="chunk"``: strictly by the request's own priority; equal priorities
+  in arrival order.
+* ``order="burst"``: a job's *burst* is the stretch during which it has
+  requests pending or granted on the link (in training: one step's gradient
+  chunks). A request ranks by its burst's priority -- the highest priority the
+  job has requested in that burst -- then by which burst started first, then
+  by its own priority, then by arrival. The step of a data-parallel job ends
+  only when its last chunk is reduced, so every chunk of a burst blocks the
+  job as long as its most urgent one; comparing bursts makes a boosted job
+  (the monitor's raise) win the link for its whole step, and lets jobs with
+  equal priorities take turns instead of interleaving chunk by chunk (which
+  stretches every job's step). Priorities stay on the one scale of the gates
+  (base + boost x step); within a job the order is the job's own. A request larger than the credit is granted alone once nothing is
 outstanding. Strict order: if the head does not fit, nothing behind it is
 granted either (small low-priority chunks never overtake a big urgent one).
 
@@ -29,7 +42,8 @@ PENDING, GRANTED, DONE = 0, 1, 2
 class Job:
     """One registered connection (rank 0 of one job on one link)."""
 
-    __slots__ = ("job_id", "link", "reqs", "grants", "peer", "__weakref__")
+    __slots__ = ("job_id", "link", "reqs", "grants", "peer", "burst_priority", "burst_seq",
+                 "__weakref__")
 
     def __init__(self, job_id, link, peer=None):
         self.job_id = job_id
@@ -37,6 +51,8 @@ class Job:
         self.reqs = {}          # token -> Request (pending or granted)
         self.grants = 0
         self.peer = peer        # opaque: the server's connection object
+        self.burst_priority = None  # max priority requested in the current burst (None: idle)
+        self.burst_seq = 0          # when the current burst started (link-wide counter)
 
 
 class Request:
@@ -73,20 +89,26 @@ class Link:
                   "wait_seconds_max": 0.0, "expired_leases": 0, "starvation_grants": 0,
                   "completions": 0, "cancelled": 0, "dropped": 0}
         self.per_job = {}       # job_id -> grants
+        self.bursts = 0         # bursts started (counted in both orders)
 
     def stats(self):
         d = dict(self.c)
         d.update(connected_jobs=len(self.jobs), pending=len(self.pending),
                  outstanding_grants=self.outstanding, outstanding_bytes=self.outstanding_bytes,
-                 credit_bytes=self.credit, grants_per_job=dict(self.per_job))
+                 credit_bytes=self.credit, grants_per_job=dict(self.per_job), bursts=self.bursts)
         return d
 
 
 class Arbiter:
     """The grant policy; see the module docstring."""
 
+    ORDERS = ("burst", "chunk")
+
     def __init__(self, credit_bytes=16 << 20, lease_seconds=10.0, starvation_bound=8,
-                 link_credits=None, clock=time.monotonic, max_pending_per_job=1 << 16):
+                 link_credits=None, clock=time.monotonic, max_pending_per_job=1 << 16,
+                 order="chunk"):
+        if order not in self.ORDERS:
+            raise ValueError("order must be one of %s, got %r" % ("/".join(self.ORDERS), order))
         if credit_bytes < 1:
             raise ValueError("credit_bytes must be >= 1, got %r" % (credit_bytes,))
         if not lease_seconds > 0:
@@ -98,6 +120,7 @@ class Arbiter:
         self.starvation_bound = int(starvation_bound)
         self.link_credits = dict(link_credits or {})
         self.clock = clock
+        self.order = order
         self.max_pending_per_job = max_pending_per_job
         self.links = {}
         self._leases = OrderedDict()    # Request -> None, in grant order (deadlines ascend)
@@ -133,9 +156,16 @@ class Arbiter:
         now = self.clock()
         self._seq += 1
         r = Request(job, token, chunk, priority, nbytes, self._seq, now)
+        if not job.reqs:                        # idle -> a new burst starts
+            ln.bursts += 1
+            job.burst_seq = ln.bursts
+            job.burst_priority = priority
+        elif priority > job.burst_priority:
+            job.burst_priority = priority
         job.reqs[token] = r
         ln.pending[r.seq] = r
-        heapq.heappush(ln.heap, (-priority, r.seq, r))
+        if self.order == "chunk":
+            heapq.heappush(ln.heap, (-priority, r.seq, r))
         out = self._schedule(ln, now)
         if r.state == PENDING:
             ln.c["waits"] += 1
@@ -199,6 +229,17 @@ class Arbiter:
             if r.state == PENDING:
                 return r, st
             heapq.heappop(st)
+        if self.order == "burst":
+            # A linear scan: the pending requests of one link are a few dozen at most
+            # (each job asks only within its local credit) and the keys of a job's
+            # requests change when its burst priority rises.
+            best = bkey = None
+            for r in ln.pending.values():
+                j = r.job
+                k = (-j.burst_priority, j.burst_seq, -r.priority, r.seq)
+                if bkey is None or k < bkey:
+                    best, bkey = r, k
+            return best, None
         h = ln.heap
         while h:
             r = h[0][2]
@@ -216,7 +257,8 @@ class Arbiter:
                 break
             if ln.outstanding_bytes and ln.outstanding_bytes + r.nbytes > ln.credit:
                 break
-            heapq.heappop(src)
+            if src is not None:
+                heapq.heappop(src)
             del ln.pending[r.seq]
             r.state = GRANTED
             r.deadline = now + self.lease_seconds

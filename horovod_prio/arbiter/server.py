@@ -209,10 +209,11 @@ class ArbiterServer:
 
     def __init__(self, host="127.0.0.1", port=0, secret=None, credit_bytes=16 << 20,
                  lease_seconds=10.0, starvation_bound=8, link_credits=None,
-                 handshake_timeout=5.0, max_connections=1024):
+                 handshake_timeout=5.0, max_connections=1024, order="chunk"):
         self.secret = P.load_secret(secret)
         self.host, self.port = host, port
-        self.arbiter = Arbiter(credit_bytes, lease_seconds, starvation_bound, link_credits)
+        self.arbiter = Arbiter(credit_bytes, lease_seconds, starvation_bound, link_credits,
+                               order=order)
         self.handshake_timeout = float(handshake_timeout)
         self.max_connections = max_connections
         self.conns = set()
@@ -250,6 +251,7 @@ class ArbiterServer:
         s["credit_bytes"] = self.arbiter.credit_bytes
         s["lease_seconds"] = self.arbiter.lease_seconds
         s["starvation_bound"] = self.arbiter.starvation_bound
+        s["order"] = self.arbiter.order
         return {"server": s, "links": self.arbiter.stats()}
 
     # -------------------------------------------------------- lifecycle
@@ -276,8 +278,9 @@ class ArbiterServer:
         self._wake_w.setblocking(False)
         self.sel.register(self._wake_r, _READ, _WAKE)
         a = self.arbiter
-        log.info("arbiter: listening on %s:%d (credit %d bytes, lease %.3fs, starvation bound %d)",
-                 self.address[0], self.address[1], a.credit_bytes, a.lease_seconds, a.starvation_bound)
+        log.info("arbiter: listening on %s:%d (credit %d bytes, lease %.3fs, starvation bound %d, "
+                 "order %s)", self.address[0], self.address[1], a.credit_bytes, a.lease_seconds,
+                 a.starvation_bound, a.order)
         return self.address
 
     def start(self):

@@ -220,11 +220,15 @@ void Scheduler::Complete(const std::string& name) {
   ++st_.completed;
   RecordLocked("done", name, f.priority, f.bytes, INT64_MIN);
   Pending p;
+  // The requests this completion makes possible are delivered BEFORE its
+  // complete_cb: an arbiter then sees the job's next request while the freed
+  // bytes are still counted, so the job keeps its turn on the link instead of
+  // the freed credit going to another job in the gap between the two messages.
+  PumpLocked(&p);
   if (f.external && complete_cb_) {
     CompleteCb cb = complete_cb_;
     p.push_back([cb, name]() { cb(name.c_str()); });
   }
-  PumpLocked(&p);
   Deliver(&lk, &p);
 }
 

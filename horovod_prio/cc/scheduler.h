@@ -21,7 +21,8 @@
 // passes the local rule is "requested": its bytes are reserved (count as in
 // flight), request_cb(name, priority, bytes) is called, and the release
 // callback runs only when Grant(name) is called (from any thread).  Complete()
-// of a chunk that went through a request also calls complete_cb(name).
+// of a chunk that went through a request also calls complete_cb(name), after
+// the request_cb calls of the chunks that this completion lets pass.
 #ifndef HOROVOD_PRIO_CC_SCHEDULER_H_
 #define HOROVOD_PRIO_CC_SCHEDULER_H_
 

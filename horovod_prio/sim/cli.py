@@ -143,6 +143,8 @@ def build_parser() -> argparse.ArgumentParser:
       help="arbiter/adaptive modes: 'product' runs horovod_prio.arbiter.core.Arbiter "
            "(per-request starvation bound); 'per-job': a job passed over by K consecutive "
            "grants goes next (default product)")
+    a("--arbiter-order", choices=("chunk", "burst"), default="chunk",
+      help="the product arbiter's cross-job order (its --order; default chunk)")
     a("--arbiter-credit", type=_bytes, default=16 * 1024 * 1024,
       help="granted-but-unfinished bytes per link (default 16MiB, the arbiter's default)")
     a("--starvation-bound", type=_int_min(0), default=8,
@@ -238,7 +240,8 @@ def _run(args, argv) -> int:
     link = LinkConfig(bandwidth=args.bandwidth, latency=args.latency, topology=args.topology,
                       cycle_time=args.cycle_time, fusion_threshold=args.fusion_threshold,
                       starvation_bound=args.starvation_bound, step_overhead=args.step_overhead,
-                      arbiter=args.arbiter, arbiter_credit=args.arbiter_credit)
+                      arbiter=args.arbiter, arbiter_credit=args.arbiter_credit,
+                      arbiter_order=args.arbiter_order)
     try:
         link.validate()
     except ValueError as e:

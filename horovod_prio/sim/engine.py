@@ -79,6 +79,7 @@ class LinkConfig:
     starvation_bound: int = 8                  # arbiter CLI default
     arbiter_credit: int = 16 * 1024 * 1024     # arbiter CLI default (per link)
     arbiter: str = "product"                   # "product" | "per-job"
+    arbiter_order: str = "chunk"               # product arbiter's --order: "chunk" | "burst"
     step_overhead: float = 0.0
 
     def validate(self) -> None:
@@ -96,6 +97,8 @@ class LinkConfig:
                              f"got {self.topology!r}")
         if self.arbiter not in ARBITERS:
             raise ValueError(f"arbiter must be one of {', '.join(ARBITERS)}, got {self.arbiter!r}")
+        if self.arbiter_order not in ("chunk", "burst"):
+            raise ValueError(f"arbiter_order must be one of chunk, burst, got {self.arbiter_order!r}")
         for name in ("fusion_threshold", "starvation_bound", "arbiter_credit"):
             v = getattr(self, name)
             lo = 0 if name == "starvation_bound" else 1
@@ -281,10 +284,10 @@ class _ProductArbiter:
     a request passed over by ``bound`` later-arrived grants goes next), on
     the simulated clock; leases never expire."""
 
-    def __init__(self, sim: "_Sim", credit: int, bound: int):
+    def __init__(self, sim: "_Sim", credit: int, bound: int, order: str = "chunk"):
         from ..arbiter.core import Arbiter
         self.core = Arbiter(credit_bytes=credit, lease_seconds=1e18, starvation_bound=bound,
-                            clock=lambda: sim.now)
+                            clock=lambda: sim.now, order=order)
         self.handles: Dict[int, object] = {}
         self.jobs: Dict[int, "_Job"] = {}
         self.tokens = itertools.count()
@@ -540,7 +543,8 @@ def simulate(jobs: Sequence[JobSpec], mode: str, link: Optional[LinkConfig] = No
     ln = _SharedLink(sim, link.bandwidth)
     arb = None
     if mode in ("arbiter", "adaptive"):
-        arb = (_ProductArbiter(sim, link.arbiter_credit, link.starvation_bound)
+        arb = (_ProductArbiter(sim, link.arbiter_credit, link.starvation_bound,
+                               link.arbiter_order)
                if link.arbiter == "product" else
                _Arbiter(link.arbiter_credit, link.starvation_bound))
     records: List[List[StepRecord]] = [[] for _ in jobs]

@@ -325,13 +325,16 @@ void TestCallbackReentry() {
 std::mutex g_ext_mu;
 std::vector<std::string> g_requests;
 std::vector<std::string> g_completes;
+std::vector<std::string> g_ext_calls;  // "R:name" / "C:name" in call order
 void OnRequest(const char* name, int64_t, int64_t) {
   std::lock_guard<std::mutex> l(g_ext_mu);
   g_requests.push_back(name);
+  g_ext_calls.push_back(std::string("R:") + name);
 }
 void OnComplete(const char* name) {
   std::lock_guard<std::mutex> l(g_ext_mu);
   g_completes.push_back(name);
+  g_ext_calls.push_back(std::string("C:") + name);
 }
 
 void TestExternalGrant() {
@@ -355,6 +358,10 @@ void TestExternalGrant() {
   CHECK_EQ(g_completes.size(), size_t(1));
   CHECK_EQ(g_requests.size(), size_t(2));  // b requested now
   CHECK_EQ(g_requests[1], std::string("b"));
+  // b's request went out before a's completion (the arbiter keeps the job's turn).
+  CHECK_EQ(g_ext_calls.size(), size_t(3));
+  CHECK_EQ(g_ext_calls[1], std::string("R:b"));
+  CHECK_EQ(g_ext_calls[2], std::string("C:a"));
   // Grant from another thread.
   std::thread t([&]() { CHECK(s.Grant("b")); });
   t.join();
