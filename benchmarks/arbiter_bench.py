@@ -102,8 +102,8 @@ def _size(s):
 def build_parser():
     p = argparse.ArgumentParser(prog="python -m benchmarks.arbiter_bench", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--configs", type=_configs, default=["hvd", "prio", "arb"],
-                   help="comma-separated subset of hvd,prio,arb (default all three; "
+    p.add_argument("--configs", type=_configs, default=["hvd", "prio", "arb", "burst"],
+                   help="comma-separated subset of hvd,prio,arb,burst (default all four; "
                         "ratios need hvd)")
     p.add_argument("--repeats", type=_positive_int, default=3)
     p.add_argument("--rate", type=_rate, default="2gbit",

@@ -16,7 +16,7 @@ def _err(capsys, argv):
 
 def test_defaults():
     a = ab.parse_args([])
-    assert a.configs == ["hvd", "prio", "arb"]
+    assert a.configs == ["hvd", "prio", "arb", "burst"]
     assert (a.rate, a.batch, a.repeats, a.arbiter_credit) == ("2gbit", 512, 3, "8MiB")
     assert str(a.host_addr) == "169.254.77.1/30" and str(a.ns_addr) == "169.254.77.2/30"
 
