@@ -14,8 +14,11 @@ class Clock:
         return self.t
 
 
-def mk(credit=100, lease=10.0, K=0, **kw):
+def mk(credit=100, lease=10.0, K=0, order="chunk", **kw):
+    """Arbiter on a fake clock; "chunk" order unless a test asks for "burst" (the default
+    of the service, tested in the burst tests below)."""
     clock = Clock()
+    kw["order"] = order
     return Arbiter(credit_bytes=credit, lease_seconds=lease, starvation_bound=K, clock=clock, **kw), clock
 
 
@@ -220,6 +223,10 @@ def test_bad_requests_raise():
                     (dict(starvation_bound=-1), "starvation_bound"), (dict(order="fifo"), "order")):
         with pytest.raises(ValueError, match=msg):
             Arbiter(**kw)
+
+
+def test_burst_is_the_default_order():
+    assert Arbiter().order == "burst"
 
 
 def test_burst_order_equal_priorities_take_turns():

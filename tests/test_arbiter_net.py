@@ -184,10 +184,14 @@ def test_grant_order_across_jobs(server_factory, client_factory):
         assert cl.counters["fallback_grants"] == 0
 
 
-def test_credit_and_ties_by_arrival(server_factory, client_factory):
-    srv = server_factory(credit_bytes=300)
+@pytest.mark.parametrize("order, first, second", [("chunk", "b0", "a3"), ("burst", "a3", "b0")])
+def test_credit_and_ties(server_factory, client_factory, order, first, second):
+    """Equal priorities: "chunk" order serves them in arrival order (b0 before
+    a3); "burst" order lets A finish its burst first (a3, then b0)."""
+    srv = server_factory(credit_bytes=300, order=order)
     a, ga = client_factory(srv.address, "A")
     b, gb = client_factory(srv.address, "B")
+    grants = {"A": ga, "B": gb}
     for i in range(3):
         a.request("a%d" % i, 5, 100)
     assert ga.wait(lambda calls: len(calls) == 3)
@@ -198,11 +202,11 @@ def test_credit_and_ties_by_arrival(server_factory, client_factory):
     time.sleep(0.05)
     assert gb.calls == [] and len(ga.calls) == 3
     a.complete("a0")
-    assert gb.wait_for("b0")                        # arrived first among equals
+    assert grants[first[0].upper()].wait_for(first)
     time.sleep(0.05)
-    assert "a3" not in ga.calls
+    assert second not in grants[second[0].upper()].calls
     a.complete("a1")
-    assert ga.wait_for("a3")
+    assert grants[second[0].upper()].wait_for(second)
 
 
 def test_starvation_bound_over_the_wire(server_factory, client_factory):

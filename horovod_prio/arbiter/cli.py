@@ -79,10 +79,11 @@ def build_parser():
                    help="a grant not completed within S seconds expires (default 10)")
     p.add_argument("--starvation-bound", type=_nonneg_int, default=8, metavar="K",
                    help="a request passed over K times is granted next (default 8; 0 = off)")
-    p.add_argument("--order", choices=["burst", "chunk"], default="chunk",
-                   help="cross-job order: 'chunk' = each request by its own priority; 'burst' = "
-                        "by the priority of the job's current burst (its step's chunks), bursts "
-                        "in start order, then the request's own priority (default chunk)")
+    p.add_argument("--order", choices=["burst", "chunk"], default="burst",
+                   help="cross-job order: 'burst' = by the priority of the job's current burst "
+                        "(its step's chunks: the highest priority it requested), bursts in start "
+                        "order, then the request's own priority; 'chunk' = each request by its "
+                        "own priority, ties in arrival order (default burst)")
     p.add_argument("--timeout", type=_positive, default=2.0, help="--stats: seconds to wait (default 2)")
     p.add_argument("--log-level", default="INFO",
                    choices=["DEBUG", "INFO", "WARNING", "ERROR", "debug", "info", "warning", "error"])

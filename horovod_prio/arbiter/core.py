@@ -6,7 +6,7 @@ that link stay within the link's credit. Two orders:
 
 * ``order="chunk"``: strictly by the request's own priority; equal priorities
   in arrival order.
-* ``order="burst"``: a job's *burst* is the stretch during which it has
+* ``order="burst"`` (the default): a job's *burst* is the stretch during which it has
   requests pending or granted on the link (in training: one step's gradient
   chunks). A request ranks by its burst's priority -- the highest priority the
   job has requested in that burst -- then by which burst started first, then
@@ -106,7 +106,7 @@ class Arbiter:
 
     def __init__(self, credit_bytes=16 << 20, lease_seconds=10.0, starvation_bound=8,
                  link_credits=None, clock=time.monotonic, max_pending_per_job=1 << 16,
-                 order="chunk"):
+                 order="burst"):
         if order not in self.ORDERS:
             raise ValueError("order must be one of %s, got %r" % ("/".join(self.ORDERS), order))
         if credit_bytes < 1:

@@ -209,7 +209,7 @@ class ArbiterServer:
 
     def __init__(self, host="127.0.0.1", port=0, secret=None, credit_bytes=16 << 20,
                  lease_seconds=10.0, starvation_bound=8, link_credits=None,
-                 handshake_timeout=5.0, max_connections=1024, order="chunk"):
+                 handshake_timeout=5.0, max_connections=1024, order="burst"):
         self.secret = P.load_secret(secret)
         self.host, self.port = host, port
         self.arbiter = Arbiter(credit_bytes, lease_seconds, starvation_bound, link_credits,

@@ -143,8 +143,8 @@ def build_parser() -> argparse.ArgumentParser:
       help="arbiter/adaptive modes: 'product' runs horovod_prio.arbiter.core.Arbiter "
            "(per-request starvation bound); 'per-job': a job passed over by K consecutive "
            "grants goes next (default product)")
-    a("--arbiter-order", choices=("chunk", "burst"), default="chunk",
-      help="the product arbiter's cross-job order (its --order; default chunk)")
+    a("--arbiter-order", choices=("chunk", "burst"), default="burst",
+      help="the product arbiter's cross-job order (its --order; default burst)")
     a("--arbiter-credit", type=_bytes, default=16 * 1024 * 1024,
       help="granted-but-unfinished bytes per link (default 16MiB, the arbiter's default)")
     a("--starvation-bound", type=_int_min(0), default=8,

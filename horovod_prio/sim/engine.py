@@ -79,7 +79,7 @@ class LinkConfig:
     starvation_bound: int = 8                  # arbiter CLI default
     arbiter_credit: int = 16 * 1024 * 1024     # arbiter CLI default (per link)
     arbiter: str = "product"                   # "product" | "per-job"
-    arbiter_order: str = "chunk"               # product arbiter's --order: "chunk" | "burst"
+    arbiter_order: str = "burst"               # product arbiter's --order: "chunk" | "burst"
     step_overhead: float = 0.0
 
     def validate(self) -> None:
@@ -284,7 +284,7 @@ class _ProductArbiter:
     a request passed over by ``bound`` later-arrived grants goes next), on
     the simulated clock; leases never expire."""
 
-    def __init__(self, sim: "_Sim", credit: int, bound: int, order: str = "chunk"):
+    def __init__(self, sim: "_Sim", credit: int, bound: int, order: str = "burst"):
         from ..arbiter.core import Arbiter
         self.core = Arbiter(credit_bytes=credit, lease_seconds=1e18, starvation_bound=bound,
                             clock=lambda: sim.now, order=order)
