@@ -6,17 +6,19 @@ that link stay within the link's credit. Two orders:
 
 * ``order="chunk"``: strictly by the request's own priority; equal priorities
   in arrival order.
-* ``order="burst"`` (the default): a job's *burst* is the stretch during which it has
-  requests pending or granted on the link (in training: one step's gradient
-  chunks). A request ranks by its burst's priority -- the highest priority the
-  job has requested in that burst -- then by which burst started first, then
-  by its own priority, then by arrival. The step of a data-parallel job ends
+* ``order="burst"`` (the default): a job's *burst* is the stretch during
+  which it has requests pending or granted on the link (in training: one
+  step's gradient chunks). A request ranks by its burst's priority -- the
+  highest priority the job has requested in that burst -- then by which
+  burst started first, then by its own priority, then by arrival. The step of a data-parallel job ends
   only when its last chunk is reduced, so every chunk of a burst blocks the
   job as long as its most urgent one; comparing bursts makes a boosted job
   (the monitor's raise) win the link for its whole step, and lets jobs with
   equal priorities take turns instead of interleaving chunk by chunk (which
   stretches every job's step). Priorities stay on the one scale of the gates
-  (base + boost x step); within a job the order is the job's own. A request larger than the credit is granted alone once nothing is
+  (base + boost x step); within a job the order is the job's own.
+
+A request larger than the credit is granted alone once nothing is
 outstanding. Strict order: if the head does not fit, nothing behind it is
 granted either (small low-priority chunks never overtake a big urgent one).
 
@@ -230,9 +232,10 @@ class Arbiter:
                 return r, st
             heapq.heappop(st)
         if self.order == "burst":
-            # A linear scan: the pending requests of one link are a few dozen at most
-            # (each job asks only within its local credit) and the keys of a job's
-            # requests change when its burst priority rises.
+            # A linear scan: a job's requests change rank when its burst priority
+            # rises, so no static heap key fits. Pending requests per link are a few
+            # dozen in practice (each job asks only within its local credit); the
+            # worst case is bounded by max_pending_per_job per connected job.
             best = bkey = None
             for r in ln.pending.values():
                 j = r.job
