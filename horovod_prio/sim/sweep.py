@@ -32,6 +32,7 @@ CONFIGS = (
     ("fifo", "fifo", {}, {}),
     ("priority", "priority", {}, {}),
     ("arbiter K=8", "arbiter", {}, {}),
+    ("arbiter K=8, chunk order", "arbiter", {"arbiter_order": "chunk"}, {}),
     ("adaptive K=8", "adaptive", {}, {}),
     ("arbiter no-K", "arbiter", {"starvation_bound": 0}, {}),
     ("adaptive no-K", "adaptive", {"starvation_bound": 0}, {}),
