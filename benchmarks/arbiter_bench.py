@@ -51,7 +51,7 @@ from pathlib import Path
 from . import netns, report
 from .netns import HarnessError, ShapedLink
 from .run import (REPO, JobSpec, Progress, RunFailed, _cpus_for, _git_rev, _prio_env,
-                  _positive_int, _rate, preflight, run_jobs)
+                  _positive_int, _rate, preflight, run_all, run_jobs)
 
 # name -> (job 0, job 1, arbiter order or None)
 CONFIGS = {
@@ -193,7 +193,7 @@ class Arbiter:
     """``horovod-prio arbiter`` on the host, bound to the veth's host end."""
 
     def __init__(self, host: str, secret_file: Path, credit: str, starvation_bound: int,
-                 log_path: Path, cpus: str | None = None, order: str = "chunk"):
+                 log_path: Path, cpus: str | None = None, order: str = "burst"):
         self.host, self.secret_file = host, secret_file
         self.argv = (["taskset", "-c", str(cpus)] if cpus else []) + [sys.executable, "-m", "horovod_prio.cli", "arbiter",
                      "--bind", f"{host}:0", "--secret-file", str(secret_file),
@@ -641,27 +641,13 @@ def main(argv=None) -> int:
         "starvation_bound": args.starvation_bound, "arbiter_timeout": args.arbiter_timeout,
         "arbiter_cpus": args.arbiter_cpus, "host_addr": str(args.host_addr), "ns_addr": str(args.ns_addr), "link": LINK_NAME,
     }, "runs": []}
-    failed = 0
-    try:
-        for r in runs:
-            progress.start(f"{LABELS[r['config_name']]} (repeat {r['repeat'] + 1}/{args.repeats})")
-            rec = execute_run(r, args, workroot, secret_file, secret, progress)
-            results["runs"].append(rec)
-            failed += rec["status"] != "ok"
-            progress.finish(rec["status"] + ("" if rec["status"] == "ok"
-                                             else ": " + rec["error"].splitlines()[0]))
-            write_report(results, out)
-    except (KeyboardInterrupt, SystemExit) as e:
-        sys.stderr.write("\n[arbiter-bench] interrupted; cleaned up, partial results kept\n")
-        results["meta"]["interrupted"] = True
-        write_report(results, out)
-        return e.code if isinstance(e, SystemExit) and isinstance(e.code, int) else 130
-    finally:
-        if args.keep_raw:
-            shutil.copytree(workroot, out / "raw", dirs_exist_ok=True,
-                            ignore=shutil.ignore_patterns("secret"))
-        shutil.rmtree(workroot, ignore_errors=True)
-    write_report(results, out)
+    stopped, failed = run_all(
+        runs, results, out, workroot, progress, keep_raw=args.keep_raw, tag="arbiter-bench",
+        write=write_report, raw_ignore=shutil.ignore_patterns("secret"),
+        describe=lambda r: f"{LABELS[r['config_name']]} (repeat {r['repeat'] + 1}/{args.repeats})",
+        execute=lambda r: execute_run(r, args, workroot, secret_file, secret, progress))
+    if stopped is not None:
+        return stopped
     sys.stdout.write(markdown(results) + "\n")
     return 1 if failed else 0
 

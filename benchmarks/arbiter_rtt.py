@@ -38,14 +38,41 @@ if ROOT not in sys.path:
 SECRET = "benchmark-secret"
 
 
+class _Reply:
+    """Set from the receiving thread when a reply (grant / echo) arrives."""
+
+    def __init__(self):
+        self.got = threading.Event()
+        self.t_ns = 0
+
+    def __call__(self, *_):
+        self.t_ns = time.perf_counter_ns()
+        self.got.set()
+
+
+def _round_trips(send, reply, samples, warmup, interval, after=None):
+    """``warmup + samples`` round trips: ``send(i)``, wait for ``reply``, then
+    ``after(i)`` and sleep ``interval``. Returns the measured round trips (ns),
+    or ``None`` when a reply did not come within 5 s."""
+    rtts = []
+    for i in range(warmup + samples):
+        reply.got.clear()
+        t0 = time.perf_counter_ns()
+        send(i)
+        if not reply.got.wait(5):
+            return None
+        if i >= warmup:
+            rtts.append(reply.t_ns - t0)
+        if after is not None:
+            after(i)
+        if interval:
+            time.sleep(interval)
+    return rtts
+
+
 def _job(idx, addr, samples, interval, warmup, q, start_evt):
     from horovod_prio.arbiter.client import ArbiterClient
-    got = threading.Event()
-    t_grant = [0]
-
-    def on_grant(chunk):
-        t_grant[0] = time.perf_counter_ns()
-        got.set()
+    on_grant = _Reply()
 
     cl = ArbiterClient(addr, "link0", "job%d" % idx, SECRET, on_grant, timeout=0.5)
     deadline = time.monotonic() + 10
@@ -55,20 +82,12 @@ def _job(idx, addr, samples, interval, warmup, q, start_evt):
         q.put((idx, None, "job %d could not connect" % idx))
         return
     start_evt.wait(30)
-    rtts = []
     cpu0 = time.process_time()
-    for i in range(warmup + samples):
-        got.clear()
-        t0 = time.perf_counter_ns()
-        cl.request("c%d" % (i % 64), 100 + (i % 7), 1 << 16)
-        if not got.wait(5):
-            q.put((idx, None, "job %d: no grant within 5 s" % idx))
-            return
-        if i >= warmup:
-            rtts.append(t_grant[0] - t0)
-        cl.complete("c%d" % (i % 64))
-        if interval:
-            time.sleep(interval)
+    rtts = _round_trips(lambda i: cl.request("c%d" % (i % 64), 100 + (i % 7), 1 << 16), on_grant,
+                        samples, warmup, interval, after=lambda i: cl.complete("c%d" % (i % 64)))
+    if rtts is None:
+        q.put((idx, None, "job %d: no grant within 5 s" % idx))
+        return
     c = cl.counters
     c["cpu_seconds"] = time.process_time() - cpu0
     cl.close()
@@ -112,8 +131,7 @@ def _echo_job(idx, port, samples, interval, warmup, q, start_evt):
     s = socket.create_connection(("127.0.0.1", port))
     s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
     s.setblocking(False)
-    got = threading.Event()
-    t_grant = [0]
+    reply = _Reply()
     stop = threading.Event()
 
     def io():
@@ -123,24 +141,17 @@ def _echo_job(idx, port, samples, interval, warmup, q, start_evt):
             for _ in sel.select(0.025):
                 try:
                     if s.recv(65536):
-                        t_grant[0] = time.perf_counter_ns()
-                        got.set()
+                        reply()
                 except BlockingIOError:
                     pass
     th = threading.Thread(target=io, daemon=True)
     th.start()
     start_evt.wait(30)
-    rtts = []
-    for i in range(warmup + samples):
-        got.clear()
-        t0 = time.perf_counter_ns()
-        s.send(b"x" * 48)
-        got.wait(5)
-        if i >= warmup:
-            rtts.append(t_grant[0] - t0)
-        if interval:
-            time.sleep(interval)
+    rtts = _round_trips(lambda i: s.send(b"x" * 48), reply, samples, warmup, interval)
     stop.set()
+    if rtts is None:
+        q.put((idx, None, "job %d: no echo within 5 s" % idx))
+        return
     q.put((idx, rtts, {"fallback_grants": 0}))
 
 
@@ -175,27 +186,19 @@ def _grpc_job(idx, port, samples, interval, warmup, q, start_evt):
                 return
             yield x
     resp = ch.stream_stream("/arb/S")(gen())
-    got = threading.Event()
-    t_grant = [0]
+    reply = _Reply()
 
     def reader():
         for _ in resp:
-            t_grant[0] = time.perf_counter_ns()
-            got.set()
+            reply()
     threading.Thread(target=reader, daemon=True).start()
     start_evt.wait(30)
-    rtts = []
-    for i in range(warmup + samples):
-        got.clear()
-        t0 = time.perf_counter_ns()
-        outq.put(b"x" * 48)
-        got.wait(5)
-        if i >= warmup:
-            rtts.append(t_grant[0] - t0)
-        if interval:
-            time.sleep(interval)
+    rtts = _round_trips(lambda i: outq.put(b"x" * 48), reply, samples, warmup, interval)
     outq.put(None)
     ch.close()
+    if rtts is None:
+        q.put((idx, None, "job %d: no echo within 5 s" % idx))
+        return
     q.put((idx, rtts, {}))
 
 
@@ -254,15 +257,19 @@ def _baseline(args):
             p.start()
         time.sleep(0.5)
         start_evt.set()
-        all_rtts = []
+        all_rtts, errors = [], []
         for _ in procs:
-            all_rtts += q.get(timeout=600)[1]
+            _, rtts, extra = q.get(timeout=600)
+            if rtts is None:
+                errors.append(extra)
+            else:
+                all_rtts += rtts
         for p in procs:
             p.join(30)
     finally:
         stop_evt.set()
         srv.join(10)
-    return _summary(args, all_rtts, [], {"baseline": "grpc" if args.grpc else "echo"})
+    return _summary(args, all_rtts, errors, {"baseline": "grpc" if args.grpc else "echo"})
 
 
 def main(argv=None):

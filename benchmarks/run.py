@@ -30,6 +30,7 @@ from pathlib import Path
 
 from . import netns
 from .netns import HarnessError, ShapedLink
+from .workload import _positive_int
 
 REPO = Path(__file__).resolve().parent.parent
 IMPL_SHORT = {"horovod": "hvd", "prio": "prio"}
@@ -44,16 +45,6 @@ class _LingeringJobs(Exception):
 
 
 # ---------------------------------------------------------------- arguments
-def _positive_int(s):
-    try:
-        v = int(s)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {s!r}")
-    if v < 1:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {s!r}")
-    return v
-
-
 def _rate(s):
     try:
         netns.parse_rate(s)
@@ -560,34 +551,51 @@ def main(argv=None) -> int:
         },
         "runs": [],
     }
-    failed = 0
-    try:
-        for r in runs:
-            if r["skip"]:
-                results["runs"].append(dict(r, label=None, status="skipped", error=r["skip"]))
-                continue
-            progress.start(f"{r['scenario']}: {' + '.join(r['config'])} @ {r['rate']} "
-                           f"batch {r['batch']} (repeat {r['repeat'] + 1}/{args.repeats})")
-            rec = execute_run(r, args, workroot, progress)
-            results["runs"].append(rec)
-            failed += rec["status"] != "ok"
-            progress.finish(rec["status"] + ("" if rec["status"] == "ok" else ": " +
-                                             rec["error"].splitlines()[0]))
-            _write(results, out)  # partial results survive an interrupt
-    except (KeyboardInterrupt, SystemExit) as e:
-        sys.stderr.write("\n[bench] interrupted; cleaned up, partial results kept\n")
-        results["meta"]["interrupted"] = True
-        _write(results, out)
-        return e.code if isinstance(e, SystemExit) and isinstance(e.code, int) else 130
-    finally:
-        if args.keep_raw:
-            shutil.copytree(workroot, out / "raw", dirs_exist_ok=True)
-        shutil.rmtree(workroot, ignore_errors=True)
-    _write(results, out)
+    stopped, failed = run_all(
+        runs, results, out, workroot, progress, keep_raw=args.keep_raw, tag="bench", write=_write,
+        describe=lambda r: (f"{r['scenario']}: {' + '.join(r['config'])} @ {r['rate']} "
+                            f"batch {r['batch']} (repeat {r['repeat'] + 1}/{args.repeats})"),
+        execute=lambda r: execute_run(r, args, workroot, progress))
+    if stopped is not None:
+        return stopped
     from . import report
     sys.stdout.write(report.markdown(results) + "\n")
     sys.stderr.write(f"[bench] wrote {out}/results.json, results.md, steps.png\n")
     return 1 if failed else 0
+
+
+def run_all(runs, results, out: Path, workroot: Path, progress, *, keep_raw: bool, tag: str,
+            write, describe, execute, raw_ignore=None):
+    """Execute planned runs in order (``execute(r)`` -> record; a run with a
+    ``skip`` reason is recorded as skipped), rewriting the report after each so
+    partial results survive an interrupt. On Ctrl-C / SystemExit the partial
+    results are kept and marked. The work directory is copied to ``out/raw``
+    with ``keep_raw`` (``raw_ignore``: a ``shutil.ignore_patterns``), then
+    removed. Returns ``(exit code if interrupted else None, failed runs)``."""
+    failed = 0
+    try:
+        for r in runs:
+            if r.get("skip"):
+                results["runs"].append(dict(r, label=None, status="skipped", error=r["skip"]))
+                continue
+            progress.start(describe(r))
+            rec = execute(r)
+            results["runs"].append(rec)
+            failed += rec["status"] != "ok"
+            progress.finish(rec["status"] + ("" if rec["status"] == "ok" else ": " +
+                                             rec["error"].splitlines()[0]))
+            write(results, out)
+    except (KeyboardInterrupt, SystemExit) as e:
+        sys.stderr.write(f"\n[{tag}] interrupted; cleaned up, partial results kept\n")
+        results["meta"]["interrupted"] = True
+        write(results, out)
+        return (e.code if isinstance(e, SystemExit) and isinstance(e.code, int) else 130), failed
+    finally:
+        if keep_raw:
+            shutil.copytree(workroot, out / "raw", dirs_exist_ok=True, ignore=raw_ignore)
+        shutil.rmtree(workroot, ignore_errors=True)
+    write(results, out)
+    return None, failed
 
 
 def _write(results: dict, out: Path) -> None:

@@ -95,28 +95,8 @@ def parse_args(argv=None):
 
 
 def build_model(tf, name: str):
-    keras = tf.keras
-    if name == "mlp":
-        # 784-2048-2048-256-10: 6,331,146 parameters (25.3 MB of fp32 gradients)
-        return keras.Sequential([
-            keras.Input(shape=(784,)),
-            keras.layers.Dense(2048, activation="relu"),
-            keras.layers.Dense(2048, activation="relu"),
-            keras.layers.Dense(256, activation="relu"),
-            keras.layers.Dense(10),
-        ])
-    # small CNN on 28x28x1: ~262 k parameters, compute-heavy per byte
-    return keras.Sequential([
-        keras.Input(shape=(28, 28, 1)),
-        keras.layers.Conv2D(32, 3, activation="relu"),
-        keras.layers.Conv2D(64, 3, activation="relu"),
-        keras.layers.MaxPooling2D(),
-        keras.layers.Conv2D(64, 3, activation="relu"),
-        keras.layers.MaxPooling2D(),
-        keras.layers.Flatten(),
-        keras.layers.Dense(128, activation="relu"),
-        keras.layers.Dense(10),
-    ])
+    from horovod_prio.examples.models import harness_model
+    return harness_model(tf.keras, name)
 
 
 def synthetic_data(np, model: str, batch: int, seed: int):

@@ -16,6 +16,8 @@ import os
 import signal
 import sys
 
+from .core import Arbiter
+
 SECRET_ENV = "HOROVOD_PRIO_ARBITER_SECRET"
 
 
@@ -79,7 +81,7 @@ def build_parser():
                    help="a grant not completed within S seconds expires (default 10)")
     p.add_argument("--starvation-bound", type=_nonneg_int, default=8, metavar="K",
                    help="a request passed over K times is granted next (default 8; 0 = off)")
-    p.add_argument("--order", choices=["burst", "chunk"], default="burst",
+    p.add_argument("--order", choices=Arbiter.ORDERS, default="burst",
                    help="cross-job order: 'burst' = by the priority of the job's current burst "
                         "(its step's chunks: the highest priority it requested), bursts in start "
                         "order, then the request's own priority; 'chunk' = each request by its "

@@ -20,6 +20,7 @@ import sys
 import time
 from typing import List, Optional
 
+from ..arbiter.core import Arbiter
 from ..config import PriorityConfig, parse_bytes
 from .engine import MODES, TOPOLOGIES, JobSpec, LinkConfig, simulate
 from .profiles import BUILTIN, DEFAULT_TFLOPS, get_profile
@@ -143,7 +144,7 @@ def build_parser() -> argparse.ArgumentParser:
       help="arbiter/adaptive modes: 'product' runs horovod_prio.arbiter.core.Arbiter "
            "(per-request starvation bound); 'per-job': a job passed over by K consecutive "
            "grants goes next (default product)")
-    a("--arbiter-order", choices=("chunk", "burst"), default="burst",
+    a("--arbiter-order", choices=Arbiter.ORDERS, default="burst",
       help="the product arbiter's cross-job order (its --order; default burst)")
     a("--arbiter-credit", type=_bytes, default=16 * 1024 * 1024,
       help="granted-but-unfinished bytes per link (default 16MiB, the arbiter's default)")

@@ -57,6 +57,7 @@ import random
 from dataclasses import dataclass, field
 from typing import Callable, Dict, List, Optional, Sequence
 
+from ..arbiter.core import Arbiter
 from ..config import PriorityConfig
 from ..sequence import base_priorities
 from .profiles import Profile
@@ -97,8 +98,9 @@ class LinkConfig:
                              f"got {self.topology!r}")
         if self.arbiter not in ARBITERS:
             raise ValueError(f"arbiter must be one of {', '.join(ARBITERS)}, got {self.arbiter!r}")
-        if self.arbiter_order not in ("chunk", "burst"):
-            raise ValueError(f"arbiter_order must be one of chunk, burst, got {self.arbiter_order!r}")
+        if self.arbiter_order not in Arbiter.ORDERS:
+            raise ValueError(f"arbiter_order must be one of {', '.join(Arbiter.ORDERS)}, "
+                             f"got {self.arbiter_order!r}")
         for name in ("fusion_threshold", "starvation_bound", "arbiter_credit"):
             v = getattr(self, name)
             lo = 0 if name == "starvation_bound" else 1
@@ -285,7 +287,6 @@ class _ProductArbiter:
     the simulated clock; leases never expire."""
 
     def __init__(self, sim: "_Sim", credit: int, bound: int, order: str = "burst"):
-        from ..arbiter.core import Arbiter
         self.core = Arbiter(credit_bytes=credit, lease_seconds=1e18, starvation_bound=bound,
                             clock=lambda: sim.now, order=order)
         self.handles: Dict[int, object] = {}

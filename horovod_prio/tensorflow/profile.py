@@ -36,30 +36,11 @@ def _tf():
 def builtin_model(name: str):
     """The harness's workloads (benchmarks/workload.py): ``mlp`` (784-2048-
     2048-256-10, 6,331,146 params) and ``cnn`` (small CNN on 28x28x1)."""
-    tf = _tf()
-    keras = tf.keras
-    if name == "mlp":
-        return keras.Sequential([
-            keras.Input(shape=(784,)),
-            keras.layers.Dense(2048, activation="relu"),
-            keras.layers.Dense(2048, activation="relu"),
-            keras.layers.Dense(256, activation="relu"),
-            keras.layers.Dense(10),
-        ], name="mlp")
-    if name == "cnn":
-        return keras.Sequential([
-            keras.Input(shape=(28, 28, 1)),
-            keras.layers.Conv2D(32, 3, activation="relu"),
-            keras.layers.Conv2D(64, 3, activation="relu"),
-            keras.layers.MaxPooling2D(),
-            keras.layers.Conv2D(64, 3, activation="relu"),
-            keras.layers.MaxPooling2D(),
-            keras.layers.Flatten(),
-            keras.layers.Dense(128, activation="relu"),
-            keras.layers.Dense(10),
-        ], name="cnn")
-    raise ValueError(f"--model: unknown built-in model {name!r} (choose mlp, cnn or a "
-                     f"saved Keras model path)")
+    from horovod_prio.examples.models import HARNESS_MODELS, harness_model
+    if name not in HARNESS_MODELS:
+        raise ValueError(f"--model: unknown built-in model {name!r} (choose mlp, cnn or a "
+                         f"saved Keras model path)")
+    return harness_model(_tf().keras, name)
 
 
 def _best_time(fn, args, warmup: int, repeats: int) -> float:

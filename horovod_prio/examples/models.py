@@ -1,0 +1,37 @@
+"""The shaped-link harness's workload models, in one place for the harness
+(``benchmarks/workload.py``) and the profiler
+(``horovod_prio.tensorflow.profile``), so the profile the simulator is
+validated with is measured on exactly the benchmarked model.
+
+``harness_model(keras, name)`` takes the ``keras`` module (no TensorFlow
+import here):
+
+* ``mlp``: 784-2048-2048-256-10, 6,331,146 parameters (25.3 MB of fp32 gradients);
+* ``cnn``: a small CNN on 28x28x1, ~262 k parameters, compute-heavy per byte.
+"""
+
+HARNESS_MODELS = ("mlp", "cnn")
+
+
+def harness_model(keras, name: str):
+    if name == "mlp":
+        return keras.Sequential([
+            keras.Input(shape=(784,)),
+            keras.layers.Dense(2048, activation="relu"),
+            keras.layers.Dense(2048, activation="relu"),
+            keras.layers.Dense(256, activation="relu"),
+            keras.layers.Dense(10),
+        ], name="mlp")
+    if name == "cnn":
+        return keras.Sequential([
+            keras.Input(shape=(28, 28, 1)),
+            keras.layers.Conv2D(32, 3, activation="relu"),
+            keras.layers.Conv2D(64, 3, activation="relu"),
+            keras.layers.MaxPooling2D(),
+            keras.layers.Conv2D(64, 3, activation="relu"),
+            keras.layers.MaxPooling2D(),
+            keras.layers.Flatten(),
+            keras.layers.Dense(128, activation="relu"),
+            keras.layers.Dense(10),
+        ], name="cnn")
+    raise ValueError(f"unknown harness model {name!r} (choose {', '.join(HARNESS_MODELS)})")
