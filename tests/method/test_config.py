@@ -1,4 +1,4 @@
-"""Unit tests for horovod_prio.config (pure Python)."""
+"""Unit tests for horovod_prio.method.config (pure Python)."""
 import dataclasses
 import logging
 import pathlib
@@ -6,16 +6,18 @@ import pickle
 
 import pytest
 
-from horovod_prio.config import (DEFAULT_RELATIVE_COEFFICIENT, PriorityConfig, parse_bytes,
-                                 register_env_var)
-from horovod_prio.policy import AdaptivePriorityPolicy
+from horovod_prio.method.config import PriorityConfig, register_env_var
+from horovod_prio.method.policy import AdaptivePriorityPolicy
 
 DEFAULTS = dict(
     enabled=True, num_groups=4, ratio_threshold=2.0, scene="first", coefficient=None,
-    relative_coefficient=0.1, count_threshold=20, adjust_groups=1, step=1, max_boost=4,
-    warmup_batches=2, partition_bytes=4194304, credit_bytes=8388608, trace_path=None,
-    arbiter=None, link=None, job_id=None, arbiter_secret=None, arbiter_timeout=0.05,
+    relative_coefficient=None, count_threshold=20, adjust_groups=1, step=1, max_boost=4,
+    warmup_batches=2, calibration_batches=20, partition_bytes=4194304, credit_bytes=8388608, trace_path=None,
+    arbiter=None, link=None, job_id=None, arbiter_secret=None, arbiter_secret_file=None,
+    job_priority=0, arbiter_timeout=0.05,
 )
+# what arbiter= needs beside it
+WITH_ARBITER = dict(link="l", arbiter_secret="s")
 
 
 def env(**kw):
@@ -102,10 +104,12 @@ def test_trace_env_is_not_trace_path():
     ("arbiter", "127.0.0.1:7000", "127.0.0.1:7000"), ("arbiter", "host:65535", "host:65535"),
     ("arbiter", "[::1]:1", "[::1]:1"),
     ("link", "lo", "lo"), ("job_id", "job-a", "job-a"), ("arbiter_secret", "s3cret", "s3cret"),
-    ("arbiter_timeout", "0.5", 0.5),
+    ("arbiter_secret_file", "/run/secret", "/run/secret"), ("job_priority", "-3", -3),
+    ("job_priority", "2", 2), ("arbiter_timeout", "0.5", 0.5),
 ])
 def test_env_values_parsed(field, raw, value):
-    c = PriorityConfig.from_env(env(**{field: raw}))
+    extra = env(**WITH_ARBITER) if field == "arbiter" else {}
+    c = PriorityConfig.from_env(dict(extra, **env(**{field: raw})))
     assert getattr(c, field) == value
     assert type(getattr(c, field)) is type(value)
 
@@ -116,9 +120,11 @@ def test_env_values_parsed(field, raw, value):
     ("step", 2), ("max_boost", 1), ("warmup_batches", 5), ("partition_bytes", 1024),
     ("credit_bytes", 2048), ("trace_path", "t.json"), ("arbiter", "localhost:9"),
     ("link", "veth0"), ("job_id", "j"), ("arbiter_secret", "x"), ("arbiter_timeout", 1),
+    ("job_priority", 5),
 ])
 def test_kwarg_values(field, value):
-    c = PriorityConfig.from_env({}, **{field: value})
+    extra = WITH_ARBITER if field == "arbiter" else {}
+    c = PriorityConfig.from_env({}, **dict(extra, **{field: value}))
     assert getattr(c, field) == value
 
 
@@ -211,9 +217,11 @@ def test_adjust_groups_must_not_exceed_num_groups():
 
 
 # ------------------------------------------------------- coefficient pair
-def test_relative_default_when_neither_given():
+def test_measured_threshold_when_neither_given():
     c = PriorityConfig.from_env({})
-    assert c.coefficient is None and c.relative_coefficient == DEFAULT_RELATIVE_COEFFICIENT == 0.1
+    assert c.coefficient is None and c.relative_coefficient is None
+    p = c.make_policy(3)
+    assert p.auto_threshold and p.calibrating
 
 
 def test_coefficient_alone_disables_relative_default():
@@ -333,11 +341,14 @@ def test_make_policy_uses_knobs():
             p.step, p.max_boost, p.warmup_batches) == (0.03, None, 5, 2, 3, 6, 1)
 
 
-def test_make_policy_relative_default_and_clamp():
-    c = PriorityConfig.from_env({}, num_groups=4, adjust_groups=3)
+def test_make_policy_measured_default_and_clamp():
+    c = PriorityConfig.from_env({}, num_groups=4, adjust_groups=3, calibration_batches=7)
     p = c.make_policy(2)  # e.g. a 2-layer model
     assert p.adjust_groups == 2 and p.num_groups == 2
-    assert p.relative_coefficient == 0.1 and p.coefficient is None
+    assert p.relative_coefficient is None and p.coefficient is None and p.auto_threshold
+    for _ in range(2 + 7):
+        p.after_batch(1.0)
+    assert not p.calibrating and p.coefficient == pytest.approx(0.05)
 
 
 def test_make_policy_overrides_and_errors():
@@ -356,16 +367,17 @@ def test_make_groups_clamps_to_tasks():
         c.make_groups(0)
 
 
-# ------------------------------------------------------------- parse_bytes
-@pytest.mark.parametrize("raw,value", [
-    (0, 0), ("0", 0), ("10", 10), ("10B", 10), ("1K", 1024), ("1k", 1024), ("1KB", 1000),
-    ("2 MiB", 2 << 20), ("1G", 1 << 30), ("1GB", 10 ** 9), ("0.5MiB", 1 << 19), (".5KiB", 512),
-])
-def test_parse_bytes(raw, value):
-    assert parse_bytes(raw) == value
+# ------------------------------------------------------------- cross-field: the arbiter
+def test_arbiter_needs_a_link_and_a_secret():
+    with pytest.raises(ValueError, match=r"PriorityConfig\.link is required .*HOROVOD_PRIO_LINK"):
+        PriorityConfig.from_env({}, arbiter="h:1", arbiter_secret="s")
+    with pytest.raises(ValueError, match="arbiter_secret or PriorityConfig.arbiter_secret_file"):
+        PriorityConfig.from_env(env(arbiter="h:1", link="l"))
+    c = PriorityConfig.from_env(env(arbiter="h:1", link="l", arbiter_secret_file="/s"))
+    assert c.arbiter_secret is None and c.arbiter_secret_file == "/s"
 
 
-@pytest.mark.parametrize("raw", [-1, "-1", "1.2.3", "MiB", "1 XiB", "0.3B", 1.5, None, True])
-def test_parse_bytes_errors(raw):
-    with pytest.raises(ValueError):
-        parse_bytes(raw)
+@pytest.mark.parametrize("raw", ["x", "1.5", str(1 << 31)])
+def test_job_priority_errors_name_the_field(raw):
+    with pytest.raises(ValueError, match="PriorityConfig.job_priority must be an integer in"):
+        PriorityConfig.from_env(env(job_priority=raw))

@@ -5,9 +5,10 @@ import pytest
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
-from horovod_prio.config import PriorityConfig, parse_bytes
-from horovod_prio.policy import AdaptivePriorityPolicy
-from horovod_prio.sequence import base_priorities, partition_groups, task_priorities
+from horovod_prio.method.config import PriorityConfig
+from horovod_prio.method.units import parse_bytes
+from horovod_prio.method.policy import AdaptivePriorityPolicy
+from horovod_prio.method.sequence import base_priorities, partition_groups, task_priorities
 
 SETTINGS = settings(max_examples=150, deadline=None)
 

@@ -1,11 +1,11 @@
-"""Unit tests for horovod_prio.policy (pure Python)."""
+"""Unit tests for horovod_prio.method.policy (pure Python)."""
 import collections
 import dataclasses
 import math
 
 import pytest
 
-from horovod_prio.policy import EVENT_KINDS, AdaptivePriorityPolicy, PolicyEvent
+from horovod_prio.method.policy import EVENT_KINDS, AdaptivePriorityPolicy, PolicyEvent
 
 
 def make(**kw):
@@ -209,7 +209,7 @@ def test_events_recorded_for_every_decision():
     assert p.before_batch()  # decay (count 2 > 1)
     kinds = [e.kind for e in p.events]
     assert kinds == ["warmup", "new_min", "within", "slow", "decay"]
-    assert set(kinds) == set(EVENT_KINDS)
+    assert set(kinds) | {"calibrate"} == set(EVENT_KINDS)
     e = p.events[3]
     assert e == PolicyEvent(kind="slow", batch=3, seconds=2.0, min_batch_time=1.0,
                             threshold=1.5, count=2, boost=1, priorities=(0, 1, 2, 4))
@@ -275,7 +275,7 @@ def test_state_and_reset():
     p.after_batch(9.0)
     st = p.state()
     assert st == {"min_batch_time": 1.0, "count": 1, "boost": 1, "batches": 2,
-                  "threshold": 1.5, "priorities": [0, 1, 2, 4]}
+                  "threshold": 1.5, "coefficient": 0.5, "priorities": [0, 1, 2, 4]}
     p.reset()
     fresh = make(count_threshold=100)
     assert p.state() == fresh.state()
@@ -309,7 +309,7 @@ def test_load_state_roundtrip():
     (dict(base=[2, 1]), "base_priorities"),
     (dict(base=[0, 1.5]), "base_priorities"),
     (dict(base=[0, True]), "base_priorities"),
-    (dict(coefficient=None), "relative_coefficient"),          # neither
+    (dict(coefficient=None, calibration_batches=0), "calibration_batches"),  # neither, no calib.
     (dict(coefficient=0.1, relative_coefficient=0.1), "coefficient"),  # both
     (dict(coefficient=-0.1), "coefficient"),
     (dict(coefficient=float("nan")), "coefficient"),
@@ -355,3 +355,36 @@ def test_repr_mentions_state():
     p.after_batch(1.0)
     r = repr(p)
     assert "AdaptivePriorityPolicy" in r and "min=1.0" in r and not math.isnan(p.min_batch_time)
+
+
+# ----------------------------------------------------------- measured threshold
+def test_measured_threshold_quiet_noise_is_not_slow_contention_is():
+    """With neither coefficient given, the slack comes from the spread of the
+    first calibration batches: a quiet run's ordinary noise does not trip it,
+    a step slowed by another job's traffic does."""
+    import random
+    rng = random.Random(5)
+    p = make(coefficient=None, warmup_batches=2, calibration_batches=20, count_threshold=1000)
+    assert p.auto_threshold and p.threshold is None
+    quiet = [1.0 + rng.gauss(0, 0.03) for _ in range(22 + 200)]
+    kinds = [p.after_batch(t) for t in quiet]
+    assert kinds[:2] == ["warmup", "warmup"] and kinds[2:22] == ["calibrate"] * 20
+    assert not p.calibrating and p.coefficient > 0.05
+    assert kinds[22:].count("slow") <= 200 * 0.05          # noise rarely counts as slow
+    assert p.after_batch(1.4) == "slow"                    # +40 %: contention
+    state = p.state()
+    q = make(coefficient=None, calibration_batches=20)
+    q.load_state(state)
+    assert q.threshold == pytest.approx(p.threshold)
+
+
+def test_relative_slack_on_noise_fires_where_the_measured_one_does_not():
+    """The old default (min * 1.1) fires on this noise most of the time."""
+    import random
+    rng = random.Random(7)
+    times = [1.0 + abs(rng.gauss(0, 0.08)) for _ in range(300)]
+    rel = make(coefficient=None, relative_coefficient=0.1, warmup_batches=0, count_threshold=10**6)
+    auto = make(coefficient=None, warmup_batches=0, calibration_batches=20, count_threshold=10**6)
+    slow_rel = [rel.after_batch(t) for t in times].count("slow")
+    slow_auto = [auto.after_batch(t) for t in times].count("slow")
+    assert slow_auto <= 0.05 * len(times) and slow_rel > 3 * slow_auto

@@ -28,7 +28,8 @@ num_groups           HOROVOD_PRIO_NUM_GROUPS       4         int >= 1 (binding c
 ratio_threshold      HOROVOD_PRIO_RATIO_THRESHOLD  2.0       float > 0
 scene                HOROVOD_PRIO_SCENE            "first"   "first" | "tail"
 coefficient          HOROVOD_PRIO_COEFFICIENT      None      seconds, >= 0
-relative_coefficient HOROVOD_PRIO_RELATIVE_...     None      >= 0; 0.1 if neither given
+relative_coefficient HOROVOD_PRIO_RELATIVE_...     None      >= 0 (neither given: measured)
+calibration_batches  HOROVOD_PRIO_CALIBRATION_...  20        int >= 1: steps that measure the slack
 count_threshold      HOROVOD_PRIO_COUNT_THRESHOLD  20        int >= 0
 adjust_groups        HOROVOD_PRIO_ADJUST_GROUPS    1         int >= 1, <= num_groups
 step                 HOROVOD_PRIO_STEP             1         int >= 1
@@ -41,6 +42,8 @@ arbiter              HOROVOD_PRIO_ARBITER          None      "host:port", port 1
 link                 HOROVOD_PRIO_LINK             None      non-empty string
 job_id               HOROVOD_PRIO_JOB_ID           None      non-empty string
 arbiter_secret       HOROVOD_PRIO_ARBITER_SECRET   None      non-empty string (hidden in repr)
+arbiter_secret_file  HOROVOD_PRIO_ARBITER_SECRET_FILE None   path of a file holding the secret
+job_priority         HOROVOD_PRIO_JOB_PRIORITY     0         int: the job's class at the arbiter
 arbiter_timeout      HOROVOD_PRIO_ARBITER_TIMEOUT  0.05      seconds, > 0
 ==================== ============================= ========= =========================
 
@@ -50,11 +53,13 @@ Notes:
   time threshold, claim 1). If either is given as a (non-``None``) keyword
   argument, the keyword arguments decide the pair and the environment is not
   consulted for it; otherwise the environment decides. Both given in the same
-  place is an error naming both fields; neither given anywhere means
-  ``relative_coefficient = 0.1``.
-* Byte sizes accept an ``int`` or a string with an optional suffix:
-  ``B``; ``KB``/``MB``/``GB`` (powers of 1000); ``K``/``M``/``G`` and
-  ``KiB``/``MiB``/``GiB`` (powers of 1024). Case-insensitive. ``"4MiB"`` ->
+  place is an error naming both fields; neither given anywhere means the
+  slack is measured from the spread of the first ``calibration_batches``
+  steps after the warm-up (see :mod:`horovod_prio.method.policy`).
+* Values are parsed by :mod:`horovod_prio.method.units`, the same rules as the
+  ``horovod-prio`` commands. Byte sizes accept an ``int`` or a string with an
+  optional suffix: ``B``; ``KB``/``MB``/``GB`` (powers of 1000); ``K``/``M``/``G``
+  and ``KiB``/``MiB``/``GiB`` (powers of 1024). Case-insensitive. ``"4MiB"`` ->
   4194304, ``"1MB"`` -> 1000000.
 * ``credit_bytes`` is the most gradient bytes the scheduler lets be in flight.
   It need not be >= ``partition_bytes``: a chunk bigger than the credit still
@@ -64,23 +69,20 @@ from __future__ import annotations
 
 import difflib
 import logging
-import math
 import numbers
 import os
-import re
 from dataclasses import dataclass, field, fields
 from typing import Any, Callable, Dict, Mapping, Optional, Tuple
 
+from . import units
 from .policy import AdaptivePriorityPolicy
 from .sequence import SCENES, base_priorities, partition_groups
 
-__all__ = ["PriorityConfig", "ENV_PREFIX", "DEFAULT_RELATIVE_COEFFICIENT", "parse_bytes",
-           "register_env_var"]
+__all__ = ["PriorityConfig", "ENV_PREFIX", "register_env_var"]
 
 logger = logging.getLogger("horovod_prio")
 
 ENV_PREFIX = "HOROVOD_PRIO_"
-DEFAULT_RELATIVE_COEFFICIENT = 0.1
 _ENV_OVERRIDES = {"trace_path": "HOROVOD_PRIO_TRACE"}
 # HOROVOD_PRIO_* variables read elsewhere (not config knobs): never "unknown".
 _EXTRA_ENV_VARS = {"HOROVOD_PRIO_CACHE"}          # tools/install.sh wheel cache
@@ -98,114 +100,13 @@ class _Bad(Exception):
     """Raised by a parser with the rule text; turned into a ValueError."""
 
 
-_TRUE = {"1", "true", "yes", "on", "y", "t"}
-_FALSE = {"0", "false", "no", "off", "n", "f"}
-
-
-def _p_bool(v):
-    rule = "a boolean (1/0/true/false/yes/no)"
-    if isinstance(v, bool):
-        return v
-    if isinstance(v, numbers.Integral) and v in (0, 1):
-        return bool(v)
-    if isinstance(v, str):
-        s = v.strip().lower()
-        if s in _TRUE:
-            return True
-        if s in _FALSE:
-            return False
-    raise _Bad(rule)
-
-
-def _int_parser(minimum: int):
-    rule = f"an integer >= {minimum}"
-
-    def parse(v):
-        if isinstance(v, bool):
-            raise _Bad(rule)
-        if isinstance(v, str):
-            try:
-                v = int(v.strip(), 10)
-            except ValueError:
-                raise _Bad(rule) from None
-        elif isinstance(v, numbers.Integral):
-            v = int(v)
-        elif isinstance(v, numbers.Real) and math.isfinite(v) and float(v).is_integer():
-            v = int(v)
-        else:
-            raise _Bad(rule)
-        if v < minimum:
-            raise _Bad(rule)
-        return v
-    return parse
-
-
-def _float_parser(minimum: float, strict: bool, unit: str = ""):
-    rule = f"a finite number {'>' if strict else '>='} {minimum:g}{unit}"
-
-    def parse(v):
-        if isinstance(v, bool):
-            raise _Bad(rule)
-        if isinstance(v, str):
-            try:
-                v = float(v.strip())
-            except ValueError:
-                raise _Bad(rule) from None
-        elif not isinstance(v, numbers.Real):
-            raise _Bad(rule)
-        v = float(v)
-        if not math.isfinite(v) or v < minimum or (strict and v == minimum):
-            raise _Bad(rule)
-        return v
-    return parse
-
-
-_SIZE_UNITS = {
-    "": 1, "b": 1,
-    "k": 1024, "kib": 1024, "m": 1024 ** 2, "mib": 1024 ** 2, "g": 1024 ** 3, "gib": 1024 ** 3,
-    "kb": 1000, "mb": 1000 ** 2, "gb": 1000 ** 3,
-}
-_SIZE_RE = re.compile(r"^\s*([0-9]+(?:\.[0-9]*)?|\.[0-9]+)\s*([a-zA-Z]*)\s*$")
-
-
-def parse_bytes(value) -> int:
-    """``4194304``, ``"4194304"``, ``"4MiB"``, ``"512KiB"``, ``"1MB"`` -> bytes (int).
-
-    Raises ``ValueError`` for anything else (negative, fractional bytes,
-    unknown suffix).
-    """
-    if isinstance(value, bool):
-        raise ValueError(f"not a byte size: {value!r}")
-    if isinstance(value, numbers.Integral):
-        if value < 0:
-            raise ValueError(f"not a byte size: {value!r}")
-        return int(value)
-    if isinstance(value, str):
-        m = _SIZE_RE.match(value)
-        if m and m.group(2).lower() in _SIZE_UNITS:
-            mult = _SIZE_UNITS[m.group(2).lower()]
-            num = m.group(1)
-            if "." in num:
-                from fractions import Fraction
-                total = Fraction(num) * mult
-                if total.denominator == 1:
-                    return int(total)
-            else:
-                return int(num) * mult
-    raise ValueError(f"not a byte size: {value!r}")
-
-
-def _bytes_parser(minimum: int):
-    rule = f"a byte size >= {minimum} (int or e.g. '4MiB', '512KiB', '1MB')"
-
+def _unit(parser, *args, **kwargs):
+    """A field parser from a :mod:`.units` parser (one rule per kind of input)."""
     def parse(v):
         try:
-            n = parse_bytes(v)
-        except ValueError:
-            raise _Bad(rule) from None
-        if n < minimum:
-            raise _Bad(rule)
-        return n
+            return parser(v, *args, **kwargs)
+        except units.BadValue as e:
+            raise _Bad(e.rule) from None
     return parse
 
 
@@ -249,29 +150,32 @@ def _p_arbiter(v):
 
 # field name -> parser for non-None values
 _PARSERS: Dict[str, Callable[[Any], Any]] = {
-    "enabled": _p_bool,
-    "num_groups": _int_parser(1),
-    "ratio_threshold": _float_parser(0.0, strict=True),
+    "enabled": _unit(units.parse_bool),
+    "num_groups": _unit(units.parse_int, 1),
+    "ratio_threshold": _unit(units.parse_float, 0.0, strict=True),
     "scene": _p_scene,
-    "coefficient": _float_parser(0.0, strict=False, unit=" (seconds)"),
-    "relative_coefficient": _float_parser(0.0, strict=False),
-    "count_threshold": _int_parser(0),
-    "adjust_groups": _int_parser(1),
-    "step": _int_parser(1),
-    "max_boost": _int_parser(0),
-    "warmup_batches": _int_parser(0),
-    "partition_bytes": _bytes_parser(1024),
-    "credit_bytes": _bytes_parser(1024),
+    "coefficient": _unit(units.parse_float, 0.0, unit=" (seconds)"),
+    "relative_coefficient": _unit(units.parse_float, 0.0),
+    "count_threshold": _unit(units.parse_int, 0),
+    "adjust_groups": _unit(units.parse_int, 1),
+    "step": _unit(units.parse_int, 1),
+    "max_boost": _unit(units.parse_int, 0),
+    "warmup_batches": _unit(units.parse_int, 0),
+    "calibration_batches": _unit(units.parse_int, 1),
+    "partition_bytes": _unit(units.parse_bytes, 1024),
+    "credit_bytes": _unit(units.parse_bytes, 1024),
     "trace_path": _p_path,
     "arbiter": _p_arbiter,
     "link": _opt_str,
     "job_id": _opt_str,
     "arbiter_secret": _opt_str,
-    "arbiter_timeout": _float_parser(0.0, strict=True, unit=" (seconds)"),
+    "arbiter_secret_file": _p_path,
+    "job_priority": _unit(units.parse_int, -(1 << 31), (1 << 31) - 1),
+    "arbiter_timeout": _unit(units.parse_float, 0.0, strict=True, unit=" (seconds)"),
 }
 # fields whose value may be None
 _OPTIONAL = {"coefficient", "relative_coefficient", "trace_path", "arbiter", "link", "job_id",
-             "arbiter_secret"}
+             "arbiter_secret", "arbiter_secret_file"}
 
 
 @dataclass(frozen=True, init=False)
@@ -294,6 +198,7 @@ class PriorityConfig:
     step: int = 1
     max_boost: int = 4
     warmup_batches: int = 2
+    calibration_batches: int = 20
     partition_bytes: int = 4 * 1024 * 1024
     credit_bytes: int = 8 * 1024 * 1024
     trace_path: Optional[str] = None
@@ -301,6 +206,8 @@ class PriorityConfig:
     link: Optional[str] = None
     job_id: Optional[str] = None
     arbiter_secret: Optional[str] = field(default=None, repr=False)
+    arbiter_secret_file: Optional[str] = None
+    job_priority: int = 0
     arbiter_timeout: float = 0.05
 
     def __init__(self, **kwargs: Any) -> None:
@@ -348,6 +255,7 @@ class PriorityConfig:
             step=self.step,
             max_boost=self.max_boost,
             warmup_batches=self.warmup_batches,
+            calibration_batches=self.calibration_batches,
         )
         kwargs.update(overrides)
         return AdaptivePriorityPolicy(base, **kwargs)
@@ -433,8 +341,6 @@ class PriorityConfig:
                 f"{raw['coefficient']!r}, relative_coefficient={raw['relative_coefficient']!r} "
                 f"({self._where('coefficient', pair_src)}; "
                 f"{self._where('relative_coefficient', pair_src)})")
-        if values["coefficient"] is None and values["relative_coefficient"] is None:
-            values["relative_coefficient"] = DEFAULT_RELATIVE_COEFFICIENT
 
         # cross-field rules
         if values["adjust_groups"] > values["num_groups"]:
@@ -443,6 +349,17 @@ class PriorityConfig:
                 f"({values['num_groups']}, {self._where('num_groups', sources['num_groups'])}), "
                 f"got {values['adjust_groups']!r} "
                 f"({self._where('adjust_groups', sources['adjust_groups'])})")
+
+        if values["arbiter"] is not None:
+            where = self._where("arbiter", sources["arbiter"])
+            if values["link"] is None:
+                raise ValueError(f"PriorityConfig.link is required when PriorityConfig.arbiter is "
+                                 f"set ({where}); set env {self.env_var('link')}")
+            if values["arbiter_secret"] is None and values["arbiter_secret_file"] is None:
+                raise ValueError(
+                    f"PriorityConfig.arbiter_secret or PriorityConfig.arbiter_secret_file is "
+                    f"required when PriorityConfig.arbiter is set ({where}); set env "
+                    f"{self.env_var('arbiter_secret')} or {self.env_var('arbiter_secret_file')}")
 
         for name in names:
             object.__setattr__(self, name, values[name])

@@ -1,11 +1,11 @@
-"""Unit tests for horovod_prio.sequence (pure Python)."""
+"""Unit tests for horovod_prio.method.sequence (pure Python)."""
 import pathlib
 import subprocess
 import sys
 
 import pytest
 
-from horovod_prio.sequence import (SCENES, base_priorities, partition_groups, task_priorities,
+from horovod_prio.method.sequence import (SCENES, base_priorities, partition_groups, task_priorities,
                                    task_sequence)
 
 
@@ -138,10 +138,13 @@ def test_task_priorities_errors():
 
 
 # ------------------------------------------------------------------- no TF
-def test_core_modules_do_not_import_tensorflow():
-    code = ("import sys; import horovod_prio, horovod_prio.sequence, horovod_prio.policy, "
-            "horovod_prio.config; "
+def test_layers_below_the_binding_do_not_import_tensorflow():
+    code = ("import sys; import horovod_prio, horovod_prio.method.sequence, "
+            "horovod_prio.method.policy, horovod_prio.method.config, horovod_prio.method.plan, "
+            "horovod_prio.method.units, horovod_prio.scheduler, horovod_prio.runtime, "
+            "horovod_prio.runtime.arbiter_link, horovod_prio.arbiter, horovod_prio.sim, "
+            "horovod_prio.sim.cli; "
             "bad = [m for m in sys.modules if m.split('.')[0] in ('tensorflow', 'horovod', 'keras')]; "
             "assert not bad, bad")
     subprocess.run([sys.executable, "-c", code], check=True, timeout=60,
-                   cwd=pathlib.Path(__file__).resolve().parents[1])
+                   cwd=pathlib.Path(__file__).resolve().parents[2])

@@ -14,6 +14,8 @@ Decision table of :meth:`after_batch` (``t`` = measured batch time,
 condition                  effect                                      outcome
 =========================  ==========================================  ===========
 first ``warmup_batches``   nothing                                     ``warmup``
+next ``calibration_        recorded (auto threshold only, see below)   ``calibrate``
+batches``
 min unset or ``t < min``   ``min = t``, ``count += 1``                 ``new_min``
 ``min <= t < threshold``   ``count += 1``                              ``within``
 ``t >= threshold``         ``boost = min(boost + 1, max_boost)``       ``slow``
@@ -22,9 +24,16 @@ min unset or ``t < min``   ``min = t``, ``count += 1``                 ``new_min
 :meth:`before_batch`: if ``count > count_threshold`` then
 ``boost = max(boost - 1, 0)``, ``count = 0`` (outcome ``decay``).
 
+The threshold's slack is the patent's preset coefficient (``threshold = min +
+coefficient``), a relative one (``min * (1 + relative_coefficient)``), or,
+when neither is given, measured: the first ``calibration_batches`` after the
+warm-up are only recorded, then ``min`` is their minimum and ``coefficient =
+(q95 - min) + 0.05 * median`` of them, so the ordinary spread of a quiet run
+does not count as slow (a contended link adds far more).
+
 "Raise the priority of the low-ranked tasks" (claims 1, 4) = add
 ``boost * step`` to the base priority of the last ``adjust_groups`` groups
-(the low-ranked end of the sequence, see :mod:`horovod_prio.sequence`).
+(the low-ranked end of the sequence, see :mod:`horovod_prio.method.sequence`).
 
 Every decision is recorded as a frozen :class:`PolicyEvent` in
 ``policy.events`` (bounded deque) and passed to the registered listeners.
@@ -40,7 +49,7 @@ from typing import Callable, Deque, Dict, List, Optional, Sequence, Tuple
 __all__ = ["PolicyEvent", "AdaptivePriorityPolicy", "EVENT_KINDS"]
 
 #: Every ``PolicyEvent.kind``.
-EVENT_KINDS = ("warmup", "new_min", "within", "slow", "decay")
+EVENT_KINDS = ("warmup", "calibrate", "new_min", "within", "slow", "decay")
 
 
 @dataclass(frozen=True)
@@ -97,10 +106,13 @@ class AdaptivePriorityPolicy:
 
     :param base_priorities: base priority of each group in sequence order
         (non-empty, strictly increasing - claim 5), e.g.
-        :func:`horovod_prio.sequence.base_priorities`.
+        :func:`horovod_prio.method.sequence.base_priorities`.
     :param coefficient: absolute slack in seconds: ``threshold = min + coefficient``.
     :param relative_coefficient: relative slack: ``threshold = min * (1 + rc)``.
-        Exactly one of ``coefficient`` / ``relative_coefficient`` must be given.
+        At most one of ``coefficient`` / ``relative_coefficient`` may be given;
+        with neither, the slack is measured (``calibration_batches``).
+    :param calibration_batches: with neither coefficient given: batches after
+        the warm-up that measure the slack (``>= 1``).
     :param count_threshold: decay when ``count > count_threshold`` (claim 3).
     :param adjust_groups: how many groups, from the low-ranked end, are boosted
         (claim 4), ``1..N``.
@@ -115,7 +127,8 @@ class AdaptivePriorityPolicy:
     def __init__(self, base_priorities: Sequence[int], *, coefficient: Optional[float] = None,
                  relative_coefficient: Optional[float] = None, count_threshold: int,
                  adjust_groups: int = 1, step: int = 1, max_boost: int,
-                 warmup_batches: int = 1, max_events: int = 10000) -> None:
+                 warmup_batches: int = 1, calibration_batches: int = 20,
+                 max_events: int = 10000) -> None:
         try:
             base = tuple(base_priorities)
         except TypeError:
@@ -129,10 +142,13 @@ class AdaptivePriorityPolicy:
             raise ValueError(f"base_priorities must be strictly increasing, got {list(base)!r}")
         self._base: Tuple[int, ...] = tuple(int(p) for p in base)
 
-        if (coefficient is None) == (relative_coefficient is None):
+        if coefficient is not None and relative_coefficient is not None:
             raise ValueError(
-                "exactly one of coefficient and relative_coefficient must be given, got "
+                "at most one of coefficient and relative_coefficient may be given, got "
                 f"coefficient={coefficient!r}, relative_coefficient={relative_coefficient!r}")
+        self._auto = coefficient is None and relative_coefficient is None
+        self._calibration_batches = _int_arg("calibration_batches", calibration_batches,
+                                             1 if self._auto else 0)
         self._coefficient = None if coefficient is None else _nonneg_float_arg(
             "coefficient", coefficient)
         self._relative_coefficient = None if relative_coefficient is None else _nonneg_float_arg(
@@ -161,7 +177,17 @@ class AdaptivePriorityPolicy:
 
     @property
     def coefficient(self) -> Optional[float]:
+        """The absolute slack (measured after calibration when it was not given)."""
         return self._coefficient
+
+    @property
+    def auto_threshold(self) -> bool:
+        """True when the slack is measured (neither coefficient given)."""
+        return self._auto
+
+    @property
+    def calibrating(self) -> bool:
+        return self._auto and self._coefficient is None
 
     @property
     def relative_coefficient(self) -> Optional[float]:
@@ -210,7 +236,7 @@ class AdaptivePriorityPolicy:
     @property
     def threshold(self) -> Optional[float]:
         """``min + coefficient`` or ``min * (1 + relative_coefficient)``; ``None`` while min is."""
-        if self._min is None:
+        if self._min is None or (self._coefficient is None and self._relative_coefficient is None):
             return None
         if self._coefficient is not None:
             return self._min + self._coefficient
@@ -255,6 +281,11 @@ class AdaptivePriorityPolicy:
         seconds = float(seconds)
         if self._batches < self._warmup_batches:
             kind = "warmup"
+        elif self.calibrating:
+            self._calibration.append(seconds)
+            kind = "calibrate"
+            if len(self._calibration) >= self._calibration_batches:
+                self._calibrate()
         elif self._min is None or seconds < self._min:
             self._min = seconds
             self._count += 1
@@ -268,6 +299,13 @@ class AdaptivePriorityPolicy:
         self._record(kind, seconds)
         self._batches += 1
         return kind
+
+    def _calibrate(self) -> None:
+        xs = sorted(self._calibration)
+        q95 = xs[min(len(xs) - 1, int(math.ceil(0.95 * len(xs))) - 1)]
+        median = xs[len(xs) // 2]
+        self._min = xs[0]
+        self._coefficient = (q95 - xs[0]) + 0.05 * median
 
     # ---------------------------------------------------------------- events
     def add_listener(self, fn: Callable[[PolicyEvent], None]) -> Callable[[PolicyEvent], None]:
@@ -303,6 +341,7 @@ class AdaptivePriorityPolicy:
             "boost": self._boost,
             "batches": self._batches,
             "threshold": self.threshold,
+            "coefficient": self._coefficient,
             "priorities": list(self.priorities),
         }
 
@@ -315,6 +354,8 @@ class AdaptivePriorityPolicy:
         count = _int_arg("state['count']", state["count"], 0)
         boost = _int_arg("state['boost']", state["boost"], 0, self._max_boost)
         batches = _int_arg("state['batches']", state.get("batches", self._batches), 0)
+        if self._auto and state.get("coefficient") is not None:
+            self._coefficient = _nonneg_float_arg("state['coefficient']", state["coefficient"])
         self._min, self._count, self._boost, self._batches = mn, count, boost, batches
 
     def reset(self) -> None:
@@ -326,10 +367,14 @@ class AdaptivePriorityPolicy:
         self._count = 0
         self._boost = 0
         self._batches = 0
+        self._calibration: List[float] = []
+        if getattr(self, "_auto", False):
+            self._coefficient = None
 
     def __repr__(self) -> str:
         slack = (f"coefficient={self._coefficient}" if self._coefficient is not None
-                 else f"relative_coefficient={self._relative_coefficient}")
+                 else f"relative_coefficient={self._relative_coefficient}"
+                 if self._relative_coefficient is not None else "coefficient=<calibrating>")
         return (f"AdaptivePriorityPolicy(base_priorities={list(self._base)}, {slack}, "
                 f"count_threshold={self._count_threshold}, adjust_groups={self._adjust_groups}, "
                 f"step={self._step}, max_boost={self._max_boost}, "

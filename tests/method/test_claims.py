@@ -2,7 +2,7 @@
 
 Full text: /work/shared/seeds/JP7042897B2-priority-adjustment.txt. Each test
 fails if the behaviour its claim requires is removed from
-``horovod_prio.sequence`` / ``horovod_prio.policy`` / ``horovod_prio.config``.
+``horovod_prio.method.sequence`` / ``.policy`` / ``.config``.
 Terms: "task" = gradient communication of one layer; "low-ranked" = late in the
 backprop-ordered sequence (input side); larger number = higher priority.
 
@@ -45,9 +45,9 @@ import inspect
 
 import pytest
 
-from horovod_prio.config import PriorityConfig
-from horovod_prio.policy import AdaptivePriorityPolicy
-from horovod_prio.sequence import (base_priorities, partition_groups, task_priorities,
+from horovod_prio.method.config import PriorityConfig
+from horovod_prio.method.policy import AdaptivePriorityPolicy
+from horovod_prio.method.sequence import (base_priorities, partition_groups, task_priorities,
                                    task_sequence)
 
 
@@ -101,15 +101,34 @@ def test_claim1_fast_batches_do_not_raise():
 
 @pytest.mark.claim(1)
 def test_claim1_priorities_drive_task_order():
-    # the communication order is by priority: expanding group priorities to the
-    # tasks gives the low-ranked (input-side) tasks the highest priority.
+    """'Communicate the gradients according to the priorities': the raised
+    priority makes the slow job's input-side task go before another job's task
+    that shares the link (the patent's purpose, description [0043]); with the
+    boost removed the other job's earlier request would go first. Checked on
+    the product's arbiter core (the cross-job order) and, within the job, on
+    the task order the priorities give."""
+    from horovod_prio.arbiter.core import Arbiter
     groups = partition_groups(8, 4)
-    p = policy()
-    p.after_batch(1.0)
-    p.after_batch(5.0)
-    per_task = task_priorities(groups, p.priorities)
+    slowed, other = policy(), policy()
+    for p, times in ((slowed, (1.0, 5.0)), (other, (1.0, 1.1))):
+        for t in times:
+            p.before_batch()
+            p.after_batch(t)
+    assert slowed.boost == 1 and other.boost == 0
+    # within the job: the input-side group's tasks first
+    per_task = task_priorities(groups, slowed.priorities)
     order = sorted(range(8), key=lambda t: -per_task[t])
     assert order[:len(groups[-1])] == groups[-1]
+    # across jobs: one link, room for one chunk; both jobs ask for their
+    # input-side group's chunk, the other job first
+    arb = Arbiter(credit_bytes=100, order="chunk", starvation_bound=0)
+    a, b = arb.register("slowed", "link"), arb.register("other", "link")
+    blocker = arb.register("blocker", "link")
+    arb.request(blocker, 1, 0, 100)                       # the link is busy
+    assert arb.request(b, 1, other.priorities[-1], 100) == []
+    assert arb.request(a, 1, slowed.priorities[-1], 100) == []
+    granted = arb.complete(blocker, 1)
+    assert [r.job.job_id for r in granted] == ["slowed"]
 
 
 # ------------------------------------------------------------------- claim 2

@@ -1,0 +1,135 @@
+"""The chunk plan: gradients -> tasks -> groups -> chunks. Pure Python.
+
+One function, :func:`make_plan`, decides what is sent and with which
+priority group; the TensorFlow binding builds its graph from the plan and the
+simulator times the same plan, so both send exactly the same chunks.
+
+* A **task** is one layer's gradients (``tasks`` lists tensor indices per
+  task, in backprop order: task 0 is the output-side layer).
+* **Groups** partition the tasks (:func:`horovod_prio.method.sequence.partition_groups`).
+* Within a group, the tensors (task order, then variable order) are fused per
+  dtype into one virtual buffer, cut every ``partition_bytes`` into **chunks**.
+  A chunk is made of the tensor *segments* it covers, so it is ready as soon
+  as the last tensor it covers is (it does not wait for the rest of its
+  group), and the group buffer itself is never materialised.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Dict, List, Sequence, Tuple
+
+__all__ = ["TensorSpec", "Segment", "Chunk", "Plan", "make_plan"]
+
+
+@dataclass(frozen=True)
+class TensorSpec:
+    """One gradient: number of elements, dtype name and bytes per element."""
+
+    nelems: int
+    dtype: str = "float32"
+    itemsize: int = 4
+
+
+@dataclass(frozen=True)
+class Segment:
+    """Elements ``[offset, offset + length)`` of tensor ``tensor``, placed at
+    ``chunk_offset`` in their chunk."""
+
+    tensor: int
+    offset: int
+    length: int
+    chunk_offset: int
+
+
+@dataclass(frozen=True)
+class Chunk:
+    name: str
+    group: int
+    dtype: str
+    itemsize: int
+    segments: Tuple[Segment, ...]
+
+    @property
+    def nelems(self) -> int:
+        return sum(s.length for s in self.segments)
+
+    @property
+    def nbytes(self) -> int:
+        return self.nelems * self.itemsize
+
+    @property
+    def last_tensor(self) -> int:
+        """The tensor whose readiness makes this chunk ready (the last one it
+        covers in backprop order)."""
+        return self.segments[-1].tensor
+
+
+@dataclass(frozen=True)
+class Plan:
+    tasks: Tuple[Tuple[int, ...], ...]
+    groups: Tuple[Tuple[int, ...], ...]
+    chunks: Tuple[Chunk, ...]
+
+    def pieces(self) -> Dict[int, List[Tuple[int, Segment]]]:
+        """tensor index -> its ``(chunk index, segment)`` pieces, in order."""
+        out: Dict[int, List[Tuple[int, Segment]]] = {}
+        for c, chunk in enumerate(self.chunks):
+            for seg in chunk.segments:
+                out.setdefault(seg.tensor, []).append((c, seg))
+        for lst in out.values():
+            lst.sort(key=lambda cs: cs[1].offset)
+        return out
+
+    def group_of_tensor(self) -> Dict[int, int]:
+        return {t: g for g, grp in enumerate(self.groups) for task in grp for t in self.tasks[task]}
+
+
+def make_plan(tensors: Sequence[TensorSpec], tasks: Sequence[Sequence[int]],
+              groups: Sequence[Sequence[int]], partition_bytes: int,
+              prefix: str = "chunk") -> Plan:
+    """Cut the gradients into chunks (see the module docstring).
+
+    ``tensors``: one :class:`TensorSpec` per gradient; ``tasks``: tensor
+    indices per task, backprop order; ``groups``: task indices per group, in
+    sequence order (``partition_groups``); ``partition_bytes``: the most bytes
+    per chunk (at least one element). Chunk names are
+    ``<prefix>_g<group>_<dtype>_c<n>`` (the Horovod tensor names: identical on
+    every rank). Raises ``ValueError`` naming the argument on bad input.
+    """
+    if isinstance(partition_bytes, bool) or not isinstance(partition_bytes, int) \
+            or partition_bytes < 1:
+        raise ValueError(f"partition_bytes must be an integer >= 1, got {partition_bytes!r}")
+    seen = [t for task in tasks for t in task]
+    if sorted(seen) != sorted(set(seen)) or any(not 0 <= t < len(tensors) for t in seen):
+        raise ValueError(f"tasks must list distinct tensor indices 0..{len(tensors) - 1}, "
+                         f"got {tasks!r}")
+    in_groups = [t for grp in groups for t in grp]
+    if sorted(in_groups) != list(range(len(tasks))):
+        raise ValueError(f"groups must partition the tasks 0..{len(tasks) - 1}, got {groups!r}")
+    for i, spec in enumerate(tensors):
+        if spec.nelems < 0 or spec.itemsize < 1:
+            raise ValueError(f"tensors[{i}] must have nelems >= 0 and itemsize >= 1, got {spec!r}")
+    chunks: List[Chunk] = []
+    for g, grp in enumerate(groups):
+        members = [t for task in grp for t in tasks[task]]
+        by_dtype: Dict[str, List[int]] = {}
+        for t in members:
+            by_dtype.setdefault(tensors[t].dtype, []).append(t)
+        for dtype, ts in by_dtype.items():
+            itemsize = tensors[ts[0]].itemsize
+            per_chunk = max(1, partition_bytes // itemsize)
+            sizes = [tensors[t].nelems for t in ts]
+            total = sum(sizes)
+            offsets = [sum(sizes[:i]) for i in range(len(sizes))]
+            for c, lo in enumerate(range(0, total, per_chunk)):
+                hi = min(total, lo + per_chunk)
+                segs, pos = [], 0
+                for t, off, n in zip(ts, offsets, sizes):
+                    a, b = max(lo, off), min(hi, off + n)
+                    if a >= b:
+                        continue
+                    segs.append(Segment(t, a - off, b - a, pos))
+                    pos += b - a
+                chunks.append(Chunk("%s_g%d_%s_c%d" % (prefix, g, dtype, c), g, dtype, itemsize,
+                                    tuple(segs)))
+    return Plan(tuple(tuple(t) for t in tasks), tuple(tuple(g) for g in groups), tuple(chunks))

@@ -1,0 +1,74 @@
+"""horovod_prio.method.plan: the chunk plan the binding and the simulator share."""
+import pytest
+from hypothesis import given, settings, strategies as st
+
+from horovod_prio.method.plan import TensorSpec, make_plan
+from horovod_prio.method.sequence import partition_groups
+
+
+def test_chunks_cover_their_group_in_backprop_order_and_cut_every_partition():
+    specs = [TensorSpec(100), TensorSpec(10), TensorSpec(300), TensorSpec(20)]
+    tasks = [[3, 2], [1, 0]]                 # backprop order: task 0 = output side
+    plan = make_plan(specs, tasks, [[0], [1]], partition_bytes=4 * 128, prefix="opt")
+    names = [c.name for c in plan.chunks]
+    assert names == ["opt_g0_float32_c0", "opt_g0_float32_c1", "opt_g0_float32_c2",
+                     "opt_g1_float32_c0"]
+    c0 = plan.chunks[0]
+    assert [(s.tensor, s.offset, s.length, s.chunk_offset) for s in c0.segments] == \
+        [(3, 0, 20, 0), (2, 0, 108, 20)]
+    assert c0.nbytes == 512 and c0.last_tensor == 2
+    # the second group's chunk is made of its two tensors, backprop order
+    assert [(s.tensor, s.length) for s in plan.chunks[3].segments] == [(1, 10), (0, 100)]
+    pieces = plan.pieces()
+    assert [(c, s.offset, s.length) for c, s in pieces[2]] == [(0, 0, 108), (1, 108, 128),
+                                                              (2, 236, 64)]
+
+
+def test_dtypes_are_fused_separately():
+    specs = [TensorSpec(8, "float32", 4), TensorSpec(8, "float16", 2), TensorSpec(8, "float32", 4)]
+    plan = make_plan(specs, [[0, 1, 2]], [[0]], partition_bytes=1 << 20, prefix="p")
+    assert [(c.dtype, c.nelems) for c in plan.chunks] == [("float32", 16), ("float16", 8)]
+
+
+@pytest.mark.parametrize("kwargs, match", [
+    (dict(partition_bytes=0), "partition_bytes"),
+    (dict(tasks=[[0], [0]]), "tasks"),
+    (dict(tasks=[[5]]), "tasks"),
+    (dict(groups=[[0], [0]]), "groups"),
+])
+def test_bad_plans_name_the_argument(kwargs, match):
+    args = dict(tensors=[TensorSpec(4), TensorSpec(4)], tasks=[[1], [0]], groups=[[0], [1]],
+                partition_bytes=8)
+    args.update(kwargs)
+    if "tasks" in kwargs and "groups" not in kwargs:
+        args["groups"] = [list(range(len(args["tasks"])))]
+    with pytest.raises(ValueError, match=match):
+        make_plan(**args)
+
+
+@settings(max_examples=200, deadline=None)
+@given(sizes=st.lists(st.integers(0, 500), min_size=1, max_size=12),
+       n_groups=st.integers(1, 5), part=st.integers(1, 700))
+def test_every_element_is_sent_exactly_once_within_the_partition_size(sizes, n_groups, part):
+    specs = [TensorSpec(n) for n in sizes]
+    tasks = [[i] for i in reversed(range(len(sizes)))]
+    groups = partition_groups(len(tasks), min(n_groups, len(tasks)))
+    plan = make_plan(specs, tasks, groups, part)
+    covered = {i: [] for i in range(len(sizes))}
+    for c in plan.chunks:
+        assert c.nbytes <= max(part, 4) and c.nelems > 0
+        pos = 0
+        for s in c.segments:
+            assert s.chunk_offset == pos and s.length > 0
+            pos += s.length
+            covered[s.tensor].append((s.offset, s.length))
+    for t, n in enumerate(sizes):
+        spans = sorted(covered[t])
+        assert sum(length for _, length in spans) == n
+        at = 0
+        for off, length in spans:
+            assert off == at
+            at += length
+    # each chunk holds tensors of one group only
+    group_of = plan.group_of_tensor()
+    assert all(group_of[s.tensor] == c.group for c in plan.chunks for s in c.segments)
