@@ -1,291 +1,290 @@
-"""Loader and Python wrapper of the C++ release scheduler op.
+"""The release scheduler: a TF-free Python handle on ``libhvdprio_scheduler.so``.
 
-The shared object ``_scheduler_ops*.so`` (built by ``setup.py build_ext`` from
-``scheduler.cc`` + ``ops.cc`` against the installed TensorFlow) is loaded once,
-both as a TensorFlow op library (``HvdPrioGate`` / ``HvdPrioDone``) and through
-ctypes for its ``hvdprio_*`` C API.  Both use the same real path, so the
-dynamic loader hands back the same handle and there is one scheduler per
-process.
+The release rule itself is C++ (``scheduler.h``/``scheduler.cc``, no
+TensorFlow or Horovod types); ``c_api.h`` exposes it to C callers and, through
+ctypes, to this module. One class, :class:`Scheduler`:
 
-TensorFlow is imported lazily, inside the functions.
+* ``Scheduler.process()`` - the process-wide instance the TensorFlow kernels
+  (``HvdPrioGate`` / ``HvdPrioDone``) submit to and complete; the runtime
+  configures it (credit, hold, tracing, arbiter hooks).
+* ``Scheduler()`` - a private instance, e.g. one per job in the simulator,
+  which drives it through the polling calls (``submit`` then
+  ``take_released``).
 
-Usage per gradient chunk (on every rank; only rank 0 configures hold=True)::
-
-    x = gate(chunk, priority, name)        # held until the scheduler releases it
-    y = hvd.allreduce(x)
-    y = done(y, name)                      # frees the chunk's in-flight bytes
+Chunks are named by the *ticket* ``submit`` returns; ``grant``, ``cancel``
+and ``complete_ticket`` take tickets, so a late call about one submission can
+never reach another submission of the same chunk name.
 """
 import ctypes
-import glob
 import json
 import os
-import sysconfig
 import threading
 
-__all__ = [
-    "SchedulerOpError", "library_path", "load", "gate", "done", "configure",
-    "set_tracing", "set_max_events", "drain_events", "stats", "reset", "abandon_inflight",
-    "set_external_grant", "set_grant_callbacks", "grant", "STATS_FIELDS",
-]
+__all__ = ["Scheduler", "SchedulerError", "library_path", "STATS_FIELDS", "UNLIMITED",
+           "CANCEL_RESULTS"]
 
-_HERE = os.path.dirname(os.path.abspath(__file__))
-_BUILD_HINT = ("build it with `make install` or "
-               "`pip install --no-build-isolation --no-deps -e .` "
-               "(or `python setup.py build_ext --inplace`) in the repository root")
-
-_lock = threading.RLock()
-_ops = None
-_cdll = None
-_path = None
-# ctypes callback thunks are never freed: a TF thread may still be inside an
-# old one right after it was replaced.
-_grant_callbacks = []
-
+LIBRARY = "libhvdprio_scheduler.so"
+API_VERSION = 2
+#: ``credit_bytes`` value meaning "no byte limit".
+UNLIMITED = (1 << 63) - 1
 STATS_FIELDS = (
     "submitted", "released", "completed", "max_inflight_bytes", "queued",
     "inflight_bytes", "inflight_chunks", "unknown_completions", "dropped_events",
     "credit_bytes", "hold", "external_grant", "requested", "unknown_grants", "tracing",
     "cancelled", "abandoned",
 )
+#: What :meth:`Scheduler.cancel` found, by the C API's return code.
+CANCEL_RESULTS = ("unknown", "waiting", "requested", "inflight")
 
-_REQUEST_CB = ctypes.CFUNCTYPE(None, ctypes.c_char_p, ctypes.c_int64, ctypes.c_int64)
-_COMPLETE_CB = ctypes.CFUNCTYPE(None, ctypes.c_char_p)
+_HERE = os.path.dirname(os.path.abspath(__file__))
+BUILD_HINT = ("build it with `make install` or `pip install --no-build-isolation --no-deps -e .` "
+              "in the repository root")
 
+_REQUEST_CB = ctypes.CFUNCTYPE(None, ctypes.c_uint64, ctypes.c_char_p, ctypes.c_int64,
+                               ctypes.c_int64)
+_TICKET_CB = ctypes.CFUNCTYPE(None, ctypes.c_uint64)
 
-class SchedulerOpError(RuntimeError):
-    """The scheduler op library is missing or cannot be loaded."""
-
-
-def _tf_version():
-    import tensorflow as tf
-    return tf.__version__
-
-
-def library_path(tf_version=None):
-    """Real path of ``_scheduler_ops_tf<version>*.so`` built for the running TF.
-
-    setup.py names the library after the TF it was compiled against, so the
-    venvs of two stacks (``make install TF=...``) can share one checkout.
-    Raises SchedulerOpError if there is none for this TF.
-    """
-    version = tf_version or _tf_version()
-    suffix = sysconfig.get_config_var("EXT_SUFFIX") or ".so"
-    name = "_scheduler_ops_tf%s" % version.replace(".", "_")
-    exact = os.path.join(_HERE, name + suffix)
-    if os.path.exists(exact):
-        return os.path.realpath(exact)
-    found = sorted(glob.glob(os.path.join(_HERE, name + "*.so")))
-    if not found:
-        others = sorted(os.path.basename(p) for p in glob.glob(os.path.join(_HERE, "_scheduler_ops*.so")))
-        raise SchedulerOpError(
-            "horovod_prio scheduler op library for TensorFlow %s not found (looked for %s%s; "
-            "present: %s): %s" % (version, os.path.join(_HERE, name), suffix,
-                                  ", ".join(others) or "none", _BUILD_HINT))
-    return os.path.realpath(found[0])
+_lock = threading.RLock()
+_lib = None
+_process = None
+# ctypes callback thunks are never freed: a thread may still be inside an old
+# one right after it was replaced.
+_thunks = []
 
 
-def _setup_ctypes(lib):
-    i64, i64p, c_int = ctypes.c_int64, ctypes.POINTER(ctypes.c_int64), ctypes.c_int
-    sigs = {
-        "hvdprio_configure": (c_int, [i64, c_int]),
-        "hvdprio_set_tracing": (None, [c_int]),
-        "hvdprio_set_max_events": (None, [i64]),
-        "hvdprio_drain_events": (i64, [ctypes.c_char_p, i64]),
-        "hvdprio_stats_fields": (ctypes.c_char_p, []),
-        "hvdprio_stats": (c_int, [i64p, c_int]),
-        "hvdprio_reset": (c_int, []),
-        "hvdprio_abandon_inflight": (i64, []),
-        "hvdprio_set_external_grant": (None, [c_int]),
-        "hvdprio_set_grant_callbacks": (None, [_REQUEST_CB, _COMPLETE_CB]),
-        "hvdprio_grant": (c_int, [ctypes.c_char_p]),
-    }
-    for name, (res, args) in sigs.items():
-        fn = getattr(lib, name)
-        fn.restype = res
-        fn.argtypes = args
-    fields = tuple(lib.hvdprio_stats_fields().decode().split(","))
-    if fields != STATS_FIELDS:
-        raise SchedulerOpError(
-            "stale scheduler op library %s (stats fields %s); rebuild it: %s"
-            % (_path, fields, _BUILD_HINT))
+class SchedulerError(RuntimeError):
+    """The scheduler library is missing, stale or cannot be loaded."""
 
 
-def load():
-    """Load (once) and return the TF op module with ``hvd_prio_gate`` / ``hvd_prio_done``."""
-    global _ops, _cdll, _path
+def library_path():
+    """Real path of ``libhvdprio_scheduler.so`` (SchedulerError if not built)."""
+    path = os.path.join(_HERE, LIBRARY)
+    if not os.path.exists(path):
+        raise SchedulerError("horovod_prio scheduler library %s not found: %s" % (path, BUILD_HINT))
+    return os.path.realpath(path)
+
+
+def _load():
+    global _lib
     with _lock:
-        if _ops is not None:
-            return _ops
+        if _lib is not None:
+            return _lib
         path = library_path()
-        import tensorflow as tf  # lazily: the .so needs libtensorflow_framework
         try:
-            ops = tf.load_op_library(path)
-        except Exception as e:  # tf.errors.NotFoundError on undefined symbols etc.
-            raise SchedulerOpError(
-                "cannot load the horovod_prio scheduler op library %s (%s: %s); it was probably "
-                "built against another TensorFlow; re%s"
-                % (path, type(e).__name__, e, _BUILD_HINT)) from e
-        # Same path -> dlopen returns the handle TF already holds: one Scheduler.
-        lib = ctypes.CDLL(path)
-        _path = path
-        _setup_ctypes(lib)
-        _register_gradients(tf)
-        _cdll, _ops = lib, ops
-        return _ops
-
-
-def _register_gradients(tf):
-    # Gradients flow straight through (the ops are identities on the data).
-    from tensorflow.python.framework import ops as tf_ops
-    for op_type, n_inputs in (("HvdPrioGate", 2), ("HvdPrioDone", 1)):
-        def _grad(op, grad, _n=n_inputs):
-            return [grad] + [None] * (_n - 1)
+            lib = ctypes.CDLL(path)
+        except OSError as e:
+            raise SchedulerError("cannot load %s (%s): %s" % (path, e, BUILD_HINT)) from e
+        u64, i64, i64p, c_int = ctypes.c_uint64, ctypes.c_int64, ctypes.POINTER(ctypes.c_int64), \
+            ctypes.c_int
+        h = ctypes.c_void_p
+        sigs = {
+            "hvdprio_api_version": (c_int, []),
+            "hvdprio_global": (h, []),
+            "hvdprio_new": (h, []),
+            "hvdprio_free": (None, [h]),
+            "hvdprio_configure": (c_int, [h, i64, c_int]),
+            "hvdprio_set_tracing": (None, [h, c_int]),
+            "hvdprio_set_max_events": (None, [h, i64]),
+            "hvdprio_submit": (u64, [h, ctypes.c_char_p, i64, i64]),
+            "hvdprio_take_released": (i64, [h, ctypes.POINTER(u64), i64]),
+            "hvdprio_take_requests": (i64, [h, ctypes.POINTER(u64), i64p, i64p, i64]),
+            "hvdprio_complete": (c_int, [h, ctypes.c_char_p]),
+            "hvdprio_complete_ticket": (c_int, [h, u64]),
+            "hvdprio_cancel": (c_int, [h, u64]),
+            "hvdprio_abandon_inflight": (i64, [h]),
+            "hvdprio_set_external_grant": (None, [h, c_int]),
+            "hvdprio_set_grant_callbacks": (None, [h, _REQUEST_CB, _TICKET_CB, _TICKET_CB]),
+            "hvdprio_grant": (c_int, [h, u64]),
+            "hvdprio_drain_events": (i64, [h, ctypes.c_char_p, i64]),
+            "hvdprio_stats_fields": (ctypes.c_char_p, []),
+            "hvdprio_stats": (c_int, [h, i64p, c_int]),
+            "hvdprio_reset": (c_int, [h]),
+        }
         try:
-            tf_ops.RegisterGradient(op_type)(_grad)
-        except KeyError:  # already registered (module reloaded)
-            pass
-
-
-def _lib():
-    if _cdll is None:
-        load()
-    return _cdll
+            for name, (res, args) in sigs.items():
+                fn = getattr(lib, name)
+                fn.restype = res
+                fn.argtypes = args
+        except AttributeError as e:
+            raise SchedulerError("stale scheduler library %s (%s): %s" % (path, e, BUILD_HINT)) from e
+        version = lib.hvdprio_api_version()
+        fields = tuple(lib.hvdprio_stats_fields().decode().split(","))
+        if version != API_VERSION or fields != STATS_FIELDS:
+            raise SchedulerError("stale scheduler library %s (API %d, stats %s; expected API %d): %s"
+                                 % (path, version, ",".join(fields), API_VERSION, BUILD_HINT))
+        _lib = lib
+        return lib
 
 
 def _check_name(name, what):
     if not isinstance(name, str) or not name:
         raise ValueError("%s: name must be a non-empty str, got %r" % (what, name))
+    return name.encode()
 
 
-def gate(tensor, priority, name):
-    """Return ``tensor`` once the scheduler releases chunk ``name`` (graph op HvdPrioGate).
+def _check_int(value, what, minimum=None, maximum=None):
+    if isinstance(value, bool) or not isinstance(value, int) \
+            or (minimum is not None and value < minimum) or (maximum is not None and value > maximum):
+        rng = "" if minimum is None else " >= %d" % minimum
+        raise ValueError("%s must be an int%s, got %r" % (what, rng, value))
+    return value
 
-    ``priority``: int or int32 scalar tensor, higher goes first.
+
+class Scheduler:
+    """One scheduler instance; see the module docstring.
+
+    ``Scheduler()`` owns a new instance (freed by :meth:`close` or when
+    garbage-collected); ``Scheduler.process()`` is the process-wide one.
     """
-    _check_name(name, "gate")
-    ops = load()
-    import tensorflow as tf
-    if isinstance(priority, bool):
-        raise ValueError("gate(%s): priority must be an int, got %r" % (name, priority))
-    if isinstance(priority, int) and not -2**31 <= priority < 2**31:
-        raise ValueError("gate(%s): priority must fit in int32, got %r" % (name, priority))
-    priority = tf.cast(priority, tf.int32) if tf.is_tensor(priority) else tf.constant(
-        priority, dtype=tf.int32)
-    return _independent(ops.hvd_prio_gate(tensor, priority, chunk_name=name))
 
+    def __init__(self, _handle=None):
+        self._lib = _load()
+        if _handle is None:
+            self._h = self._lib.hvdprio_new()
+            self._owned = True
+        else:
+            self._h = _handle
+            self._owned = False
 
-def done(tensor, name):
-    """Mark chunk ``name`` finished and return ``tensor`` (graph op HvdPrioDone)."""
-    _check_name(name, "done")
-    return _independent(load().hvd_prio_done(tensor, chunk_name=name))
+    @classmethod
+    def process(cls):
+        """The process-wide scheduler (the one the TensorFlow kernels use)."""
+        global _process
+        lib = _load()
+        with _lock:
+            if _process is None:
+                _process = cls(_handle=lib.hvdprio_global())
+            return _process
 
+    def close(self):
+        if self._owned and self._h:
+            self._lib.hvdprio_free(self._h)
+            self._h = None
 
-def _independent(out):
-    """Exempt the op from tf.function's automatic control dependencies.
+    def __del__(self):
+        try:
+            self.close()
+        except Exception:  # interpreter shutdown
+            pass
 
-    The ops are stateful (so grappler never folds, dedupes or prunes them), and
-    tf.function chains stateful ops without resource inputs in program order:
-    gate0 -> done0 -> gate1 -> ... would serialise the chunks and leave the
-    scheduler nothing to choose from.  run_independently() keeps them "must
-    run" but lets them run in parallel, ordered only by their data edges.
-    """
-    import tensorflow as tf
-    if tf.executing_eagerly():
+    # ------------------------------------------------------------ configuration
+    def configure(self, credit_bytes, hold):
+        """Credit (int >= 0 bytes; :data:`UNLIMITED` = no limit) and hold (rank 0: True)."""
+        _check_int(credit_bytes, "configure: credit_bytes", 0, UNLIMITED)
+        if not isinstance(hold, bool):
+            raise ValueError("configure: hold must be a bool, got %r" % (hold,))
+        if self._lib.hvdprio_configure(self._h, credit_bytes, int(hold)) != 0:
+            raise ValueError("configure: credit_bytes rejected by the scheduler: %r" % (credit_bytes,))
+
+    def set_tracing(self, on):
+        """Record ready/request/release/done/cancel/abandon events (see drain_events)."""
+        self._lib.hvdprio_set_tracing(self._h, int(bool(on)))
+
+    def set_max_events(self, n):
+        """Bound of the event buffer (default 1,000,000); extra events count as dropped."""
+        _check_int(n, "set_max_events: n", 0)
+        self._lib.hvdprio_set_max_events(self._h, n)
+
+    # ------------------------------------------------------------ polling calls
+    def submit(self, name, priority, nbytes):
+        """Submit a chunk without a release callback; returns its ticket. Released
+        tickets are collected with :meth:`take_released`."""
+        raw = _check_name(name, "submit")
+        _check_int(priority, "submit: priority", -(1 << 63), (1 << 63) - 1)
+        _check_int(nbytes, "submit: nbytes", 0)
+        return int(self._lib.hvdprio_submit(self._h, raw, priority, nbytes))
+
+    def take_released(self):
+        """Tickets released since the last call, in release order."""
+        out = []
+        buf = (ctypes.c_uint64 * 256)()
+        while True:
+            n = self._lib.hvdprio_take_released(self._h, buf, 256)
+            out.extend(int(buf[i]) for i in range(n))
+            if n < 256:
+                return out
+
+    def take_requests(self):
+        """External-grant requests since the last call (no request callback set),
+        as ``(ticket, priority, nbytes)`` in request order."""
+        out = []
+        t = (ctypes.c_uint64 * 256)()
+        p = (ctypes.c_int64 * 256)()
+        b = (ctypes.c_int64 * 256)()
+        while True:
+            n = self._lib.hvdprio_take_requests(self._h, t, p, b, 256)
+            out.extend((int(t[i]), int(p[i]), int(b[i])) for i in range(n))
+            if n < 256:
+                return out
+
+    # ------------------------------------------------------------ lifecycle of a chunk
+    def complete(self, name):
+        """The oldest in-flight chunk named ``name`` finished; False if none is in flight."""
+        return bool(self._lib.hvdprio_complete(self._h, _check_name(name, "complete")))
+
+    def complete_ticket(self, ticket):
+        """In-flight chunk ``ticket`` finished; False if it is not in flight."""
+        return bool(self._lib.hvdprio_complete_ticket(self._h, _check_int(ticket, "ticket", 1)))
+
+    def cancel(self, ticket):
+        """Withdraw a waiting/requested chunk or abandon an in-flight one; returns what
+        was found: ``"unknown"``, ``"waiting"``, ``"requested"`` or ``"inflight"``."""
+        return CANCEL_RESULTS[self._lib.hvdprio_cancel(self._h, _check_int(ticket, "ticket", 1))]
+
+    def abandon_inflight(self):
+        """Abandon every in-flight chunk (their bytes are freed); returns how many."""
+        return int(self._lib.hvdprio_abandon_inflight(self._h))
+
+    # ------------------------------------------------------------ external grants
+    def set_external_grant(self, on):
+        """When on (and hold is on), a chunk that passes the local rule is requested and
+        released only by :meth:`grant`. Turning it off releases every pending request."""
+        self._lib.hvdprio_set_external_grant(self._h, int(bool(on)))
+
+    def set_grant_callbacks(self, request=None, complete=None, cancel=None):
+        """``request(ticket, name, priority, nbytes)``: a chunk asks for the link;
+        ``complete(ticket)``: a granted chunk finished; ``cancel(ticket)``: a requested
+        chunk was withdrawn or a granted one abandoned. Called from the thread whose call
+        caused them, outside the scheduler's lock; they must not block or raise. None
+        unregisters one (requests then queue for :meth:`take_requests`)."""
+        req = _REQUEST_CB(lambda t, n, p, b: request(int(t), n.decode(), int(p), int(b))) \
+            if request else _REQUEST_CB()
+        com = _TICKET_CB(lambda t: complete(int(t))) if complete else _TICKET_CB()
+        can = _TICKET_CB(lambda t: cancel(int(t))) if cancel else _TICKET_CB()
+        with _lock:
+            _thunks.append((req, com, can))
+        self._lib.hvdprio_set_grant_callbacks(self._h, req, com, can)
+
+    def grant(self, ticket):
+        """Release requested chunk ``ticket``; False if it is not waiting for a grant."""
+        return bool(self._lib.hvdprio_grant(self._h, _check_int(ticket, "ticket", 1)))
+
+    # ------------------------------------------------------------ observation
+    def drain_events(self):
+        """Return and forget the recorded events, oldest first, as dicts with keys kind,
+        name, ticket, priority, bytes, t_us (system clock, microseconds), queued,
+        inflight_bytes and, for "request"/"release", waiting and waiting_max_priority."""
+        cap = 1 << 16
+        while True:
+            buf = ctypes.create_string_buffer(cap)
+            n = self._lib.hvdprio_drain_events(self._h, buf, cap)
+            if n >= 0:
+                text = buf.raw[:n].decode("utf-8", "replace")
+                return [json.loads(line) for line in text.splitlines() if line]
+            cap = max(-n, cap * 2)
+
+    def stats(self):
+        """Counters and state as a dict (keys: STATS_FIELDS); hold/tracing/external_grant are bools."""
+        arr = (ctypes.c_int64 * len(STATS_FIELDS))()
+        self._lib.hvdprio_stats(self._h, arr, len(STATS_FIELDS))
+        out = dict(zip(STATS_FIELDS, (int(v) for v in arr)))
+        for k in ("hold", "tracing", "external_grant"):
+            out[k] = bool(out[k])
         return out
-    acd = getattr(out.graph, "experimental_acd_manager", None)
-    if acd is not None:
-        acd.run_independently(out.op)
-    return out
 
-
-def configure(credit_bytes, hold):
-    """Set the in-flight byte credit (int >= 0) and whether to hold chunks (rank 0: True)."""
-    if isinstance(credit_bytes, bool) or not isinstance(credit_bytes, int):
-        raise ValueError("configure: credit_bytes must be an int >= 0, got %r" % (credit_bytes,))
-    if credit_bytes < 0 or credit_bytes >= 2**63:
-        raise ValueError("configure: credit_bytes must be an int >= 0, got %r" % (credit_bytes,))
-    if not isinstance(hold, bool):
-        raise ValueError("configure: hold must be a bool, got %r" % (hold,))
-    if _lib().hvdprio_configure(credit_bytes, int(hold)) != 0:
-        raise ValueError("configure: credit_bytes rejected by the scheduler: %r" % (credit_bytes,))
-
-
-def set_tracing(on):
-    """Record ready/release/done events (see drain_events)."""
-    _lib().hvdprio_set_tracing(int(bool(on)))
-
-
-def set_max_events(n):
-    """Bound of the event buffer (default 1,000,000); extra events are counted as dropped."""
-    if isinstance(n, bool) or not isinstance(n, int) or n < 0:
-        raise ValueError("set_max_events: n must be an int >= 0, got %r" % (n,))
-    _lib().hvdprio_set_max_events(n)
-
-
-def drain_events():
-    """Return and forget the recorded events, oldest first, as dicts with keys
-    kind ("ready"|"request"|"release"|"done"|"cancel"), name, priority, bytes,
-    t_us (system clock, microseconds; compare with time.time()*1e6), queued,
-    inflight_bytes and, for "request"/"release", waiting_max_priority."""
-    lib = _lib()
-    cap = 1 << 16
-    while True:
-        buf = ctypes.create_string_buffer(cap)
-        n = lib.hvdprio_drain_events(buf, cap)
-        if n >= 0:
-            text = buf.raw[:n].decode("utf-8", "replace")
-            return [json.loads(line) for line in text.splitlines() if line]
-        cap = max(-n, cap * 2)
-
-
-def stats():
-    """Counters and current state as a dict (keys: STATS_FIELDS); hold/tracing/external_grant are bools."""
-    lib = _lib()
-    arr = (ctypes.c_int64 * len(STATS_FIELDS))()
-    lib.hvdprio_stats(arr, len(STATS_FIELDS))
-    out = dict(zip(STATS_FIELDS, (int(v) for v in arr)))
-    for k in ("hold", "tracing", "external_grant"):
-        out[k] = bool(out[k])
-    return out
-
-
-def reset():
-    """Back to defaults (credit 0, hold off, tracing off, counters/events cleared).
-    Raises RuntimeError if chunks are still held (their ops would never finish)."""
-    if not _lib().hvdprio_reset():
-        raise RuntimeError("reset: refused, chunks are still waiting in the scheduler: %r" % stats())
-
-
-def abandon_inflight():
-    """Forget released chunks whose Done will never run (call after a failed step, else
-    their bytes stay "in flight" and may hold later chunks forever); returns how many.
-    Chunks still held when a step is aborted are withdrawn automatically (the gate
-    fails with Cancelled)."""
-    return int(_lib().hvdprio_abandon_inflight())
-
-
-def set_external_grant(on):
-    """Hook for a cross-job arbiter: when on (and hold is on), a chunk that passes the
-    local rule is reported to the request callback and released only by grant(name).
-    Turning it off releases every pending request."""
-    _lib().hvdprio_set_external_grant(int(bool(on)))
-
-
-def set_grant_callbacks(request=None, complete=None):
-    """request(name: str, priority: int, bytes: int) is called when a chunk asks for a
-    grant; complete(name: str) when a granted chunk's Done runs.  Called from TF threads,
-    outside the scheduler lock; they must not block.  None unregisters."""
-    lib = _lib()
-    # A CFUNCTYPE instantiated without arguments is a NULL function pointer.
-    req = _REQUEST_CB(lambda n, p, b: request(n.decode(), int(p), int(b))) if request \
-        else _REQUEST_CB()
-    com = _COMPLETE_CB(lambda n: complete(n.decode())) if complete else _COMPLETE_CB()
-    with _lock:
-        _grant_callbacks.append((req, com))
-        lib.hvdprio_set_grant_callbacks(req, com)
-
-
-def grant(name):
-    """Release requested chunk ``name``; returns False if no such request is pending."""
-    _check_name(name, "grant")
-    return bool(_lib().hvdprio_grant(name.encode()))
+    def reset(self):
+        """Back to defaults (credit 0, hold off, tracing off, counters/events cleared).
+        Raises RuntimeError if chunks are still waiting or requested."""
+        if not self._lib.hvdprio_reset(self._h):
+            raise RuntimeError("reset: refused, chunks are still waiting in the scheduler: %r"
+                               % self.stats())

@@ -1,4 +1,4 @@
-// horovod_prio release scheduler core (see scheduler.h).
+// horovod_prio release scheduler (see scheduler.h).
 #include "scheduler.h"
 
 #include <algorithm>
@@ -46,15 +46,15 @@ void Scheduler::SetMaxEvents(size_t max_events) {
   max_events_ = max_events;
 }
 
-void Scheduler::SetGrantCallbacks(RequestCb request_cb, CompleteCb complete_cb) {
+void Scheduler::SetGrantCallbacks(RequestCb request, TicketCb complete,
+                                  TicketCb cancel) {
   std::lock_guard<std::mutex> lk(mu_);
-  request_cb_ = request_cb;
-  complete_cb_ = complete_cb;
+  request_cb_ = std::move(request);
+  complete_cb_ = std::move(complete);
+  cancel_cb_ = std::move(cancel);
 }
 
-void Scheduler::RecordLocked(const char* kind, const std::string& name,
-                             int64_t priority, int64_t bytes,
-                             int64_t waiting_max) {
+void Scheduler::RecordLocked(const char* kind, uint64_t ticket, const Chunk& c) {
   if (!tracing_) return;
   if (events_.size() >= max_events_) {
     ++st_.dropped_events;
@@ -62,13 +62,16 @@ void Scheduler::RecordLocked(const char* kind, const std::string& name,
   }
   Event e;
   e.kind = kind;
-  e.name = name;
-  e.priority = priority;
-  e.bytes = bytes;
+  e.name = c.name;
+  e.ticket = ticket;
+  e.priority = c.priority;
+  e.bytes = c.bytes;
   e.t_us = NowUs();
   e.queued = static_cast<int64_t>(waiting_.size());
   e.inflight_bytes = inflight_bytes_;
-  e.waiting_max_priority = waiting_max;
+  const bool picked = e.kind == "request" || e.kind == "release";
+  e.waiting = picked ? c.waiting : -1;
+  e.waiting_max_priority = picked ? c.waiting_max : INT64_MIN;
   events_.push_back(std::move(e));
 }
 
@@ -77,44 +80,60 @@ void Scheduler::AddInflightLocked(int64_t bytes) {
   st_.max_inflight_bytes = std::max(st_.max_inflight_bytes, inflight_bytes_);
 }
 
-void Scheduler::ReleaseLocked(const std::string& name, int64_t priority,
-                              int64_t bytes, int64_t waiting_max, bool external,
-                              Release release, Pending* p) {
-  inflight_[name].push_back(InFlight{priority, bytes, external});
+void Scheduler::ReleaseLocked(uint64_t ticket, Chunk* c, Pending* p) {
+  c->state = kInFlightState;
+  inflight_by_name_[c->name].push_back(ticket);
   ++inflight_chunks_;
   ++st_.released;
-  RecordLocked("release", name, priority, bytes, waiting_max);
-  if (release) p->push_back(std::move(release));
+  RecordLocked("release", ticket, *c);
+  if (c->release) {
+    p->push_back(std::move(c->release));
+    c->release = nullptr;
+  } else {
+    released_out_.push_back(ticket);
+  }
 }
 
 void Scheduler::PumpLocked(Pending* p) {
   while (!waiting_.empty()) {
     auto it = waiting_.begin();
-    const int64_t bytes = it->second.bytes;
+    const uint64_t ticket = it->second;
+    Chunk& c = chunks_.at(ticket);
     if (hold_) {
       // Strict priority: if the best waiting chunk does not fit, stop.
-      const bool fits =
-          inflight_bytes_ == 0 || inflight_bytes_ + bytes <= credit_bytes_;
+      const bool fits = inflight_bytes_ == 0 ||
+                        (credit_bytes_ == kUnlimited
+                             ? true
+                             : inflight_bytes_ <= credit_bytes_ - c.bytes);
       if (!fits) break;
     }
-    const uint64_t seq = it->first.second;
-    const int64_t waiting_max = -it->first.first;  // begin() holds the max
-    Waiting w = std::move(it->second);
+    if (tracing_) {
+      // The waiting set this choice was made from, scanned independently of
+      // the order the map keeps, so the trace lets tests check the rule.
+      int64_t wmax = INT64_MIN;
+      for (const auto& kv : waiting_) {
+        wmax = std::max(wmax, chunks_.at(kv.second).priority);
+      }
+      c.waiting = static_cast<int64_t>(waiting_.size());
+      c.waiting_max = wmax;
+    }
     waiting_.erase(it);
-    AddInflightLocked(bytes);
+    AddInflightLocked(c.bytes);
     if (hold_ && external_) {
-      RecordLocked("request", w.name, w.priority, bytes, waiting_max);
-      requested_.push_back(Requested{seq, w.name, w.priority, bytes,
-                                     waiting_max, std::move(w.release)});
+      c.state = kRequestedState;
+      c.external = true;
+      requested_.push_back(ticket);
+      RecordLocked("request", ticket, c);
       if (request_cb_) {
         RequestCb cb = request_cb_;
-        std::string name = w.name;
-        int64_t prio = w.priority;
-        p->push_back([cb, name, prio, bytes]() { cb(name.c_str(), prio, bytes); });
+        std::string name = c.name;
+        const int64_t prio = c.priority, bytes = c.bytes;
+        p->push_back([cb, ticket, name, prio, bytes]() { cb(ticket, name, prio, bytes); });
+      } else {
+        requests_out_.push_back(Request{ticket, c.name, c.priority, c.bytes});
       }
     } else {
-      ReleaseLocked(w.name, w.priority, bytes, waiting_max, false,
-                    std::move(w.release), p);
+      ReleaseLocked(ticket, &c, p);
     }
   }
 }
@@ -148,88 +167,136 @@ uint64_t Scheduler::Submit(const std::string& name, int64_t priority,
   }
   std::unique_lock<std::mutex> lk(mu_);
   ++st_.submitted;
-  const uint64_t seq = next_seq_++;
-  waiting_.emplace(Key{-priority, seq},
-                   Waiting{name, priority, bytes, std::move(release)});
-  RecordLocked("ready", name, priority, bytes, INT64_MIN);
+  const uint64_t ticket = next_ticket_++;
+  Chunk& c = chunks_[ticket];
+  c.name = name;
+  c.priority = priority;
+  c.bytes = bytes;
+  c.release = std::move(release);
+  c.state = kWaitingState;
+  waiting_.emplace(Key{-priority, ticket}, ticket);
+  RecordLocked("ready", ticket, c);
   Pending p;
   PumpLocked(&p);
   Deliver(&lk, &p);
-  return seq;
+  return ticket;
 }
 
-bool Scheduler::Cancel(uint64_t ticket) {
-  std::unique_lock<std::mutex> lk(mu_);
-  Pending p;
-  auto w = std::find_if(waiting_.begin(), waiting_.end(),
-                        [&](const auto& kv) { return kv.first.second == ticket; });
-  if (w != waiting_.end()) {
-    Waiting c = std::move(w->second);
-    waiting_.erase(w);
-    ++st_.cancelled;
-    RecordLocked("cancel", c.name, c.priority, c.bytes, INT64_MIN);
-    // The callback is dropped after the lock is released (it may own state).
-    p.push_back([drop = std::move(c.release)]() {});
+std::vector<uint64_t> Scheduler::TakeReleased() {
+  std::lock_guard<std::mutex> lk(mu_);
+  std::vector<uint64_t> out;
+  out.swap(released_out_);
+  return out;
+}
+
+std::vector<Scheduler::Request> Scheduler::TakeRequests() {
+  std::lock_guard<std::mutex> lk(mu_);
+  std::vector<Request> out;
+  out.swap(requests_out_);
+  return out;
+}
+
+void Scheduler::FinishInFlightLocked(uint64_t ticket, bool done, Pending* p) {
+  auto it = chunks_.find(ticket);
+  Chunk& c = it->second;
+  auto nit = inflight_by_name_.find(c.name);
+  auto& dq = nit->second;
+  dq.erase(std::find(dq.begin(), dq.end(), ticket));
+  if (dq.empty()) inflight_by_name_.erase(nit);
+  inflight_bytes_ -= c.bytes;
+  --inflight_chunks_;
+  if (done) {
+    ++st_.completed;
   } else {
-    auto r = std::find_if(requested_.begin(), requested_.end(),
-                          [&](const Requested& x) { return x.seq == ticket; });
-    if (r == requested_.end()) return false;
-    Requested c = std::move(*r);
-    requested_.erase(r);
-    inflight_bytes_ -= c.bytes;
-    ++st_.cancelled;
-    RecordLocked("cancel", c.name, c.priority, c.bytes, INT64_MIN);
-    p.push_back([drop = std::move(c.release)]() {});
+    ++st_.abandoned;
   }
-  // Removing a chunk can unblock others (it may have been the strict head).
-  PumpLocked(&p);
+  RecordLocked(done ? "done" : "abandon", ticket, c);
+  const bool external = c.external;
+  chunks_.erase(it);
+  // The requests this completion makes possible are delivered BEFORE its
+  // complete callback: an arbiter then sees the job's next request while the
+  // freed bytes are still counted, so the job keeps its turn on the link
+  // instead of the freed credit going to another job in the gap between the
+  // two messages.
+  PumpLocked(p);
+  if (external) {
+    TicketCb cb = done ? complete_cb_ : cancel_cb_;
+    if (cb) p->push_back([cb, ticket]() { cb(ticket); });
+  }
+}
+
+bool Scheduler::Complete(const std::string& name) {
+  std::unique_lock<std::mutex> lk(mu_);
+  auto it = inflight_by_name_.find(name);
+  if (it == inflight_by_name_.end()) {
+    ++st_.unknown_completions;
+    return false;
+  }
+  Pending p;
+  FinishInFlightLocked(it->second.front(), /*done=*/true, &p);
   Deliver(&lk, &p);
   return true;
 }
 
-int64_t Scheduler::AbandonInflight() {
+bool Scheduler::CompleteTicket(uint64_t ticket) {
   std::unique_lock<std::mutex> lk(mu_);
-  int64_t n = 0;
-  for (auto& kv : inflight_) {
-    for (const InFlight& f : kv.second) {
-      inflight_bytes_ -= f.bytes;
-      ++n;
-    }
+  auto it = chunks_.find(ticket);
+  if (it == chunks_.end() || it->second.state != kInFlightState) {
+    ++st_.unknown_completions;
+    return false;
   }
-  inflight_.clear();
-  inflight_chunks_ = 0;
-  st_.abandoned += n;
   Pending p;
-  PumpLocked(&p);
+  FinishInFlightLocked(ticket, /*done=*/true, &p);
   Deliver(&lk, &p);
-  return n;
+  return true;
 }
 
-void Scheduler::Complete(const std::string& name) {
+CancelResult Scheduler::Cancel(uint64_t ticket) {
   std::unique_lock<std::mutex> lk(mu_);
-  auto it = inflight_.find(name);
-  if (it == inflight_.end() || it->second.empty()) {
-    ++st_.unknown_completions;
-    return;
-  }
-  InFlight f = it->second.front();
-  it->second.pop_front();
-  if (it->second.empty()) inflight_.erase(it);
-  inflight_bytes_ -= f.bytes;
-  --inflight_chunks_;
-  ++st_.completed;
-  RecordLocked("done", name, f.priority, f.bytes, INT64_MIN);
+  auto it = chunks_.find(ticket);
+  if (it == chunks_.end()) return CancelResult::kUnknown;
+  Chunk& c = it->second;
   Pending p;
-  // The requests this completion makes possible are delivered BEFORE its
-  // complete_cb: an arbiter then sees the job's next request while the freed
-  // bytes are still counted, so the job keeps its turn on the link instead of
-  // the freed credit going to another job in the gap between the two messages.
-  PumpLocked(&p);
-  if (f.external && complete_cb_) {
-    CompleteCb cb = complete_cb_;
-    p.push_back([cb, name]() { cb(name.c_str()); });
+  CancelResult result;
+  if (c.state == kInFlightState) {
+    FinishInFlightLocked(ticket, /*done=*/false, &p);
+    result = CancelResult::kInFlight;
+  } else {
+    if (c.state == kWaitingState) {
+      waiting_.erase(Key{-c.priority, ticket});
+      result = CancelResult::kWaiting;
+    } else {
+      requested_.erase(std::find(requested_.begin(), requested_.end(), ticket));
+      inflight_bytes_ -= c.bytes;
+      if (cancel_cb_) {
+        TicketCb cb = cancel_cb_;
+        p.push_back([cb, ticket]() { cb(ticket); });
+      }
+      result = CancelResult::kRequested;
+    }
+    ++st_.cancelled;
+    RecordLocked("cancel", ticket, c);
+    // The callback is dropped after the lock is released (it may own state).
+    p.push_back([drop = std::move(c.release)]() {});
+    chunks_.erase(it);
+    // Removing a chunk can unblock others (it may have been the strict head).
+    PumpLocked(&p);
   }
   Deliver(&lk, &p);
+  return result;
+}
+
+int64_t Scheduler::AbandonInflight() {
+  std::unique_lock<std::mutex> lk(mu_);
+  std::vector<uint64_t> tickets;
+  for (const auto& kv : inflight_by_name_) {
+    tickets.insert(tickets.end(), kv.second.begin(), kv.second.end());
+  }
+  std::sort(tickets.begin(), tickets.end());
+  Pending p;
+  for (uint64_t t : tickets) FinishInFlightLocked(t, /*done=*/false, &p);
+  Deliver(&lk, &p);
+  return static_cast<int64_t>(tickets.size());
 }
 
 void Scheduler::SetExternalGrant(bool on) {
@@ -239,30 +306,27 @@ void Scheduler::SetExternalGrant(bool on) {
   if (!on) {
     // Nobody will grant these any more: release them now, in request order.
     while (!requested_.empty()) {
-      Requested r = std::move(requested_.front());
+      const uint64_t ticket = requested_.front();
       requested_.pop_front();
-      ReleaseLocked(r.name, r.priority, r.bytes, r.waiting_max_priority, true,
-                    std::move(r.release), &p);
+      ReleaseLocked(ticket, &chunks_.at(ticket), &p);
     }
+    requests_out_.clear();
   }
   PumpLocked(&p);
   Deliver(&lk, &p);
 }
 
-bool Scheduler::Grant(const std::string& name) {
+bool Scheduler::Grant(uint64_t ticket) {
   std::unique_lock<std::mutex> lk(mu_);
-  auto it = std::find_if(requested_.begin(), requested_.end(),
-                         [&](const Requested& r) { return r.name == name; });
-  if (it == requested_.end()) {
+  auto it = chunks_.find(ticket);
+  if (it == chunks_.end() || it->second.state != kRequestedState) {
     ++st_.unknown_grants;
     return false;
   }
-  Requested r = std::move(*it);
-  requested_.erase(it);
+  requested_.erase(std::find(requested_.begin(), requested_.end(), ticket));
   Pending p;
   // Bytes were reserved at request time.
-  ReleaseLocked(r.name, r.priority, r.bytes, r.waiting_max_priority, true,
-                std::move(r.release), &p);
+  ReleaseLocked(ticket, &it->second, &p);
   Deliver(&lk, &p);
   return true;
 }
@@ -298,11 +362,16 @@ bool Scheduler::Reset() {
   external_ = false;
   request_cb_ = nullptr;
   complete_cb_ = nullptr;
+  cancel_cb_ = nullptr;
   max_events_ = kDefaultMaxEvents;
-  next_seq_ = 0;
-  inflight_.clear();
+  // next_ticket_ keeps counting: a late Grant/Cancel of a ticket from before
+  // the reset must never reach a new chunk.
+  chunks_.clear();
+  inflight_by_name_.clear();
   inflight_bytes_ = 0;
   inflight_chunks_ = 0;
+  released_out_.clear();
+  requests_out_.clear();
   events_.clear();
   st_ = Stats();
   return true;

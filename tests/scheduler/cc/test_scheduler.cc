@@ -1,7 +1,7 @@
 // Plain C++ tests of the horovod_prio scheduler core (no TF, no gtest).
-// Built and run by tests/test_scheduler_core.py:
-//   g++ -std=c++17 -pthread -I horovod_prio/cc tests/cc/test_scheduler.cc
-//       horovod_prio/cc/scheduler.cc -o test_scheduler && ./test_scheduler
+// Built and run by tests/scheduler/test_scheduler_core.py:
+//   g++ -std=c++17 -pthread -I horovod_prio/scheduler tests/scheduler/cc/test_scheduler.cc
+//       horovod_prio/scheduler/scheduler.cc -o test_scheduler && ./test_scheduler
 #include <atomic>
 #include <condition_variable>
 #include <cstdio>
@@ -11,6 +11,8 @@
 #include <mutex>
 #include <random>
 #include <set>
+#include <algorithm>
+#include <climits>
 #include <stdexcept>
 #include <string>
 #include <thread>
@@ -57,13 +59,40 @@ struct Log {
   }
 };
 
-// Every "release" event must respect the rule.
+// Replays a trace with an independent model of the waiting set (built from
+// the ready/request/release/cancel events, not from the scheduler's fields)
+// and checks the rule at every local decision: the chunk let go ("request" in
+// external-grant mode, else "release") has the highest priority among the
+// chunks waiting just before it, and the in-flight bytes respect the credit
+// (a chunk larger than the credit only alone).  Also checks that the
+// scheduler's own waiting/waiting_max_priority fields match the model.
 void CheckTraceRule(const std::vector<Event>& ev, int64_t credit) {
+  std::map<uint64_t, int64_t> waiting;  // ticket -> priority
+  std::set<uint64_t> requested;
+  int decisions = 0;
   for (const Event& e : ev) {
-    if (e.kind != "release") continue;
-    CHECK(e.inflight_bytes <= credit || e.inflight_bytes == e.bytes);
-    CHECK_EQ(e.waiting_max_priority, e.priority);
+    if (e.kind == "ready") {
+      waiting[e.ticket] = e.priority;
+    } else if (e.kind == "cancel") {
+      waiting.erase(e.ticket);
+      requested.erase(e.ticket);
+    } else if (e.kind == "request" ||
+               (e.kind == "release" && requested.count(e.ticket) == 0)) {
+      CHECK(waiting.count(e.ticket) == 1);
+      int64_t wmax = INT64_MIN;
+      for (const auto& kv : waiting) wmax = std::max(wmax, kv.second);
+      CHECK_EQ(e.priority, wmax);
+      CHECK_EQ(e.waiting_max_priority, wmax);
+      CHECK_EQ(e.waiting, static_cast<int64_t>(waiting.size()));
+      waiting.erase(e.ticket);
+      if (e.kind == "request") requested.insert(e.ticket);
+      CHECK(e.inflight_bytes <= credit || e.inflight_bytes == e.bytes);
+      ++decisions;
+    } else if (e.kind == "release") {  // a granted request
+      requested.erase(e.ticket);
+    }
   }
+  (void)decisions;
 }
 
 void TestOrdering() {
@@ -103,6 +132,7 @@ void TestOrdering() {
       CHECK_EQ(e.queued, int64_t(3));
       CHECK_EQ(e.inflight_bytes, int64_t(10));
       CHECK_EQ(e.waiting_max_priority, int64_t(5));
+      CHECK_EQ(e.waiting, int64_t(4));
       CHECK(e.t_us > 1600000000LL * 1000000LL);  // system_clock, microseconds
     }
     if (e.kind == "release") ++n_rel;
@@ -323,47 +353,64 @@ void TestCallbackReentry() {
 
 // External grant mode.
 std::mutex g_ext_mu;
-std::vector<std::string> g_requests;
-std::vector<std::string> g_completes;
-std::vector<std::string> g_ext_calls;  // "R:name" / "C:name" in call order
-void OnRequest(const char* name, int64_t, int64_t) {
-  std::lock_guard<std::mutex> l(g_ext_mu);
-  g_requests.push_back(name);
-  g_ext_calls.push_back(std::string("R:") + name);
+std::vector<uint64_t> g_requests;
+std::vector<std::string> g_ext_calls;  // "R:name" / "C:ticket" / "X:ticket" in call order
+std::map<uint64_t, std::string> g_names;
+
+void InstallRecorder(Scheduler* s) {
+  s->SetGrantCallbacks(
+      [](uint64_t t, const std::string& name, int64_t, int64_t) {
+        std::lock_guard<std::mutex> l(g_ext_mu);
+        g_requests.push_back(t);
+        g_names[t] = name;
+        g_ext_calls.push_back("R:" + name);
+      },
+      [](uint64_t t) {
+        std::lock_guard<std::mutex> l(g_ext_mu);
+        g_ext_calls.push_back("C:" + g_names[t]);
+      },
+      [](uint64_t t) {
+        std::lock_guard<std::mutex> l(g_ext_mu);
+        g_ext_calls.push_back("X:" + g_names[t]);
+      });
 }
-void OnComplete(const char* name) {
+
+void ResetRecorder() {
   std::lock_guard<std::mutex> l(g_ext_mu);
-  g_completes.push_back(name);
-  g_ext_calls.push_back(std::string("C:") + name);
+  g_requests.clear();
+  g_ext_calls.clear();
+  g_names.clear();
 }
 
 void TestExternalGrant() {
+  ResetRecorder();
   Scheduler s;
   s.Configure(100, true);
-  s.SetGrantCallbacks(&OnRequest, &OnComplete);
+  InstallRecorder(&s);
   s.SetExternalGrant(true);
   s.SetTracing(true);
   Log log;
-  s.Submit("a", 5, 60, log.Cb("a"));
+  const uint64_t ta = s.Submit("a", 5, 60, log.Cb("a"));
   CHECK(log.released.empty());
   CHECK_EQ(g_requests.size(), size_t(1));
-  s.Submit("b", 9, 60, log.Cb("b"));  // 120 > 100 (a is reserved): not requested
+  CHECK_EQ(g_requests[0], ta);
+  const uint64_t tb = s.Submit("b", 9, 60, log.Cb("b"));  // 120 > 100 (a reserved): waits
   CHECK_EQ(g_requests.size(), size_t(1));
-  CHECK(!s.Grant("zzz"));
-  CHECK_EQ(s.GetStats().unknown_grants, int64_t(1));
-  CHECK(s.Grant("a"));
+  CHECK(!s.Grant(987654));
+  CHECK(!s.Grant(tb));  // not requested yet: a grant cannot release it
+  CHECK_EQ(s.GetStats().unknown_grants, int64_t(2));
+  CHECK(s.Grant(ta));
   CHECK(log.Has("a"));
-  CHECK(!s.Grant("a"));  // already granted
+  CHECK(!s.Grant(ta));  // already granted
   s.Complete("a");
-  CHECK_EQ(g_completes.size(), size_t(1));
   CHECK_EQ(g_requests.size(), size_t(2));  // b requested now
-  CHECK_EQ(g_requests[1], std::string("b"));
+  CHECK_EQ(g_requests[1], tb);
   // b's request went out before a's completion (the arbiter keeps the job's turn).
   CHECK_EQ(g_ext_calls.size(), size_t(3));
   CHECK_EQ(g_ext_calls[1], std::string("R:b"));
   CHECK_EQ(g_ext_calls[2], std::string("C:a"));
   // Grant from another thread.
-  std::thread t([&]() { CHECK(s.Grant("b")); });
+  std::thread t([&]() { CHECK(s.Grant(tb)); });
   t.join();
   CHECK(log.Has("b"));
   s.Submit("c", 0, 1, log.Cb("c"));  // 61 <= 100: requested
@@ -377,12 +424,76 @@ void TestExternalGrant() {
   CHECK_EQ(st.completed, int64_t(3));
   CHECK_EQ(st.requested, int64_t(0));
   CHECK_EQ(st.inflight_bytes, int64_t(0));
-  CHECK_EQ(g_completes.size(), size_t(3));
   auto ev = s.DrainEvents();
   int reqs = 0;
   for (auto& e : ev) reqs += e.kind == "request";
   CHECK_EQ(reqs, 3);
   CheckTraceRule(ev, 100);
+}
+
+void TestLateGrantNeverReachesAnotherChunk() {
+  // Step k's chunk "g" is requested, then withdrawn (its step failed); step
+  // k+1 submits "g" again.  The arbiter's late grant of the old request must
+  // not release the new one; the withdrawal reached the arbiter at once.
+  ResetRecorder();
+  Scheduler s;
+  s.Configure(100, true);
+  InstallRecorder(&s);
+  s.SetExternalGrant(true);
+  Log log;
+  const uint64_t old_t = s.Submit("g", 1, 10, log.Cb("old"));
+  CHECK(s.Cancel(old_t) == horovod_prio::CancelResult::kRequested);
+  CHECK_EQ(g_ext_calls.back(), std::string("X:g"));
+  CHECK_EQ(s.GetStats().inflight_bytes, int64_t(0));
+  const uint64_t new_t = s.Submit("g", 1, 10, log.Cb("new"));
+  CHECK(!s.Grant(old_t));
+  CHECK(!log.Has("new"));
+  CHECK(!log.Has("old"));
+  CHECK(s.Grant(new_t));
+  CHECK(log.Has("new"));
+  // Abandoning a granted chunk (its step failed after the release) tells the
+  // arbiter too, so the link's credit is freed at once.
+  CHECK(s.Cancel(new_t) == horovod_prio::CancelResult::kInFlight);
+  CHECK_EQ(g_ext_calls.back(), std::string("X:g"));
+  CHECK_EQ(s.GetStats().inflight_bytes, int64_t(0));
+  CHECK_EQ(s.GetStats().abandoned, int64_t(1));
+  CHECK(!s.Complete("g"));  // its Done never ran; a late one is ignored
+}
+
+void TestPolling() {
+  // Without callbacks (the simulator's way): releases and requests queue.
+  Scheduler s;
+  s.Configure(10, true);
+  const uint64_t a = s.Submit("a", 0, 10);
+  const uint64_t b = s.Submit("b", 5, 10);
+  const uint64_t c = s.Submit("c", 1, 10);
+  std::vector<uint64_t> r = s.TakeReleased();
+  CHECK_EQ(r.size(), size_t(1));
+  CHECK_EQ(r[0], a);
+  CHECK(s.TakeReleased().empty());
+  CHECK(s.CompleteTicket(a));
+  CHECK(!s.CompleteTicket(a));
+  r = s.TakeReleased();
+  CHECK_EQ(r.size(), size_t(1));
+  CHECK_EQ(r[0], b);  // priority order
+  s.SetExternalGrant(true);
+  CHECK(s.CompleteTicket(b));
+  auto reqs = s.TakeRequests();
+  CHECK_EQ(reqs.size(), size_t(1));
+  CHECK_EQ(reqs[0].ticket, c);
+  CHECK_EQ(reqs[0].name, std::string("c"));
+  CHECK(s.TakeReleased().empty());
+  CHECK(s.Grant(c));
+  r = s.TakeReleased();
+  CHECK_EQ(r.size(), size_t(1));
+  CHECK_EQ(r[0], c);
+  // No byte limit: everything goes at once, still in priority order.
+  Scheduler u;
+  u.Configure(Scheduler::kUnlimited, true);
+  u.Submit("x", 0, 1 << 30);
+  u.Submit("y", 3, 1 << 30);
+  CHECK_EQ(u.TakeReleased().size(), size_t(2));
+  CHECK_EQ(u.GetStats().inflight_bytes, int64_t(2) << 30);
 }
 
 void TestCancelAndAbandon() {
@@ -394,11 +505,11 @@ void TestCancelAndAbandon() {
   uint64_t ty = s.Submit("y", 10, 60, log.Cb("y"));  // strict head, waits
   s.Submit("z", 1, 10, log.Cb("z"));                 // blocked behind y
   CHECK(!log.Has("z"));
-  CHECK(s.Cancel(ty));  // y withdrawn: z may go now (70 <= 100)
+  CHECK(s.Cancel(ty) == horovod_prio::CancelResult::kWaiting);  // z may go now (70 <= 100)
   CHECK(!log.Has("y"));
   CHECK(log.Has("z"));
-  CHECK(!s.Cancel(ty));      // twice
-  CHECK(!s.Cancel(123456));  // unknown
+  CHECK(s.Cancel(ty) == horovod_prio::CancelResult::kUnknown);      // twice
+  CHECK(s.Cancel(123456) == horovod_prio::CancelResult::kUnknown);  // unknown
   Stats st = s.GetStats();
   CHECK_EQ(st.cancelled, int64_t(1));
   CHECK_EQ(st.queued, int64_t(0));
@@ -408,28 +519,36 @@ void TestCancelAndAbandon() {
   CHECK(!log.Has("w"));
   CHECK_EQ(s.AbandonInflight(), int64_t(2));
   CHECK(log.Has("w"));
-  CHECK(!s.Cancel(tw));  // already released
-  s.Complete("x");       // late: unknown
-  s.Complete("w");
+  CHECK(!s.Complete("x"));  // late: unknown
+  // Cancel of a released chunk abandons it.
+  CHECK(s.Cancel(tw) == horovod_prio::CancelResult::kInFlight);
+  CHECK(!s.Complete("w"));
   st = s.GetStats();
-  CHECK_EQ(st.abandoned, int64_t(2));
-  CHECK_EQ(st.unknown_completions, int64_t(1));
+  CHECK_EQ(st.abandoned, int64_t(3));
+  CHECK_EQ(st.unknown_completions, int64_t(2));
   CHECK_EQ(st.inflight_bytes, int64_t(0));
+  CHECK_EQ(st.inflight_chunks, int64_t(0));
   // Cancel of a requested (external) chunk frees its reservation.
   s.SetExternalGrant(true);
   uint64_t ta = s.Submit("a", 0, 90, log.Cb("a"));
-  s.Submit("b", 0, 90, log.Cb("b"));
+  uint64_t tb = s.Submit("b", 0, 90, log.Cb("b"));
   CHECK_EQ(s.GetStats().requested, int64_t(1));
-  CHECK(s.Cancel(ta));
+  CHECK(s.Cancel(ta) == horovod_prio::CancelResult::kRequested);
   CHECK_EQ(s.GetStats().requested, int64_t(1));  // b requested now
-  CHECK(s.Grant("b"));
+  CHECK(s.Grant(tb));
   CHECK(log.Has("b"));
   CHECK(!log.Has("a"));
   s.Complete("b");
   CHECK_EQ(s.GetStats().inflight_bytes, int64_t(0));
-  int cancels = 0;
-  for (auto& e : s.DrainEvents()) cancels += e.kind == "cancel";
+  int cancels = 0, abandons = 0;
+  auto ev = s.DrainEvents();
+  for (auto& e : ev) {
+    cancels += e.kind == "cancel";
+    abandons += e.kind == "abandon";
+  }
   CHECK_EQ(cancels, 2);
+  CHECK_EQ(abandons, 3);
+  CheckTraceRule(ev, 100);
 }
 
 void TestStress() {
@@ -527,6 +646,8 @@ int main() {
       {"event_bound", TestEventBound},
       {"callback_reentry", TestCallbackReentry},
       {"external_grant", TestExternalGrant},
+      {"late_grant", TestLateGrantNeverReachesAnotherChunk},
+      {"polling", TestPolling},
       {"cancel_and_abandon", TestCancelAndAbandon},
       {"stress", TestStress},
   };
