@@ -1,0 +1,204 @@
+"""The one owner of horovod_prio's process-wide state. No TensorFlow.
+
+A process has one :class:`Runtime` (:func:`get_runtime`, created on first
+use). It
+
+* configures the process-wide scheduler once (credit; ``hold`` on rank 0 of a
+  multi-rank job only: the other ranks never hold a chunk);
+* attaches the arbiter link (rank 0, when the job opted in);
+* owns the Chrome trace (one file per rank);
+* keeps one :class:`~horovod_prio.runtime.monitor.Monitor` per
+  optimizer/tape identity and runs the thread that feeds them finished steps
+  and flushes the trace;
+* shuts all of it down once, at exit.
+
+Settings that exist once per process (the scheduler's credit, the arbiter,
+the link, the job id and class, the trace file) are taken from the first
+optimizer/tape; a later one that asks for a different value gets a
+``ValueError`` naming the field and both values - never "the last one
+silently wins". Per-optimizer settings (groups, partition size, the policy's
+knobs) are each optimizer's own.
+"""
+import atexit
+import logging
+import threading
+
+from horovod_prio.runtime.monitor import Monitor
+from horovod_prio.runtime.trace import ChunkTracer, TraceWriter, trace_path_for_rank
+
+__all__ = ["Runtime", "get_runtime", "PROCESS_FIELDS"]
+
+log = logging.getLogger("horovod_prio")
+
+#: PriorityConfig fields that exist once per process.
+PROCESS_FIELDS = ("credit_bytes", "trace_path", "arbiter", "link", "job_id", "arbiter_secret",
+                  "arbiter_secret_file", "arbiter_timeout", "job_priority")
+
+
+class Runtime:
+    """See the module docstring. Thread-safe."""
+
+    def __init__(self, scheduler_factory=None):
+        self._scheduler_factory = scheduler_factory
+        self._lock = threading.RLock()
+        self.scheduler = None
+        self.rank = None
+        self.size = None
+        self.settings = None          # the config whose process fields are in force
+        self._settings_owner = None
+        self.writer = None
+        self.tracer = None
+        self.arbiter = None
+        self.clock = None
+        self.monitors = []
+        self._identities = {}         # (base name, key) -> (name, monitor)
+        self._names = {}              # base name -> how many identities use it
+        self._cache = {}
+        self._thread = None
+        self._stop = threading.Event()
+        self._closed = False
+
+    # ------------------------------------------------------------------ set-up
+    def setup(self, config, rank, size, owner="an optimizer"):
+        """Configure the process for ``config`` (first call) or check that
+        ``config`` agrees with the process settings (later calls)."""
+        with self._lock:
+            if self._closed:
+                raise RuntimeError("horovod_prio runtime is shut down (interpreter exit)")
+            if self.settings is None:
+                self._first_setup(config, rank, size, owner)
+                return
+            if (rank, size) != (self.rank, self.size):
+                raise RuntimeError(
+                    "horovod_prio: the process was set up as rank %s of %s, now rank %s of %s: "
+                    "Horovod elastic resizing is not supported" % (self.rank, self.size, rank, size))
+            for f in PROCESS_FIELDS:
+                mine, theirs = getattr(self.settings, f), getattr(config, f)
+                if mine != theirs:
+                    shown = ("***", "***") if f == "arbiter_secret" else (mine, theirs)
+                    raise ValueError(
+                        "PriorityConfig.%s is one setting per process: %s already set it to %r, "
+                        "%s asks for %r (env %s); give every optimizer/tape the same value"
+                        % (f, self._settings_owner, shown[0], owner, shown[1],
+                           config.env_var(f)))
+
+    def _first_setup(self, config, rank, size, owner):
+        from horovod_prio.scheduler import Scheduler
+        self.scheduler = self._scheduler_factory() if self._scheduler_factory else \
+            Scheduler.process()
+        self.rank, self.size = rank, size
+        hold = rank == 0 and size > 1
+        self.scheduler.configure(config.credit_bytes, hold)
+        if config.trace_path:
+            path = trace_path_for_rank(config.trace_path, rank)
+            self.writer = TraceWriter(path, process_name="horovod_prio rank %d" % rank)
+            self.tracer = ChunkTracer(self.writer)
+            self.scheduler.set_tracing(True)
+        if hold:
+            from horovod_prio.runtime.arbiter_link import ArbiterLink
+            self.arbiter = ArbiterLink.attach(self.scheduler, config)
+        if rank == 0 and self.arbiter is None:
+            log.info("horovod_prio: no arbiter: priorities order this job's own chunks only; "
+                     "the adaptive boost acts against other jobs' traffic only through an "
+                     "arbiter (HOROVOD_PRIO_ARBITER), so here it changes nothing")
+        self.settings = config
+        self._settings_owner = owner
+        atexit.register(self.shutdown)
+
+    # ------------------------------------------------------------------ identities
+    def cached(self, key, factory):
+        """Process-wide cache for objects that must outlive one optimizer/tape
+        object (e.g. the reducer an eager loop's fresh tapes share)."""
+        with self._lock:
+            try:
+                return self._cache[key]
+            except KeyError:
+                value = self._cache[key] = factory()
+                return value
+            except TypeError:  # unhashable key: no caching
+                return factory()
+
+    def identity(self, base_name, key, config, num_groups, clock):
+        """``(name, monitor)`` of one optimizer/tape identity.
+
+        ``key`` tells identities apart (e.g. the variables reduced): the same
+        key always gets the same name and monitor (a fresh tape every step is
+        one identity); two keys under one base name get ``base``, ``base_1``,
+        ... in first-use order, which is the same on every rank."""
+        with self._lock:
+            ident = self._identities.get((base_name, key))
+            if ident is not None:
+                return ident
+            if self.clock is None:
+                self.clock = clock
+            elif clock is not self.clock:
+                raise RuntimeError("horovod_prio: one step clock per process")
+            n = self._names.get(base_name, 0)
+            self._names[base_name] = n + 1
+            name = base_name if n == 0 else "%s_%d" % (base_name, n)
+            monitor = Monitor(name, config, num_groups, self.rank, clock, self.writer)
+            self.monitors.append(monitor)
+            ident = self._identities[(base_name, key)] = (name, monitor)
+            if self._thread is None and (self.rank == 0 or self.writer is not None):
+                self._thread = threading.Thread(target=self._run, name="horovod_prio-runtime",
+                                                daemon=True)
+                self._thread.start()
+            return ident
+
+    # ------------------------------------------------------------------ the thread
+    def _run(self):
+        while not self._stop.is_set():
+            try:
+                self.clock.wait(0.25)
+                self.pump()
+            except Exception:  # never take the job down; say it once per kind
+                log.exception("horovod_prio: runtime thread error (carrying on)")
+                self._stop.wait(0.25)
+
+    def pump(self):
+        """Hand finished steps to the monitors and flush the trace (the thread's
+        body; also called once more at shutdown)."""
+        with self._lock:
+            monitors = list(self.monitors)
+        for m in monitors:
+            m.on_steps(self.clock.take_steps(m.slot))
+        if self.tracer is not None:
+            self.tracer.add(self.scheduler.drain_events())
+            self.writer.flush()
+
+    # ------------------------------------------------------------------ exit
+    def shutdown(self):
+        """Idempotent: stop the thread, flush and close the trace, detach the arbiter."""
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+        self._stop.set()
+        if self.clock is not None:
+            self.clock.wake()
+        if self._thread is not None:
+            self._thread.join(5.0)
+        if self.arbiter is not None:
+            self.arbiter.close()
+        if self.writer is not None:
+            try:
+                if self.clock is not None:
+                    self.pump()
+                else:
+                    self.tracer.add(self.scheduler.drain_events())
+            except Exception:
+                log.debug("horovod_prio: final trace flush failed", exc_info=True)
+            self.writer.close()
+
+
+_runtime = None
+_runtime_lock = threading.Lock()
+
+
+def get_runtime():
+    """The process's :class:`Runtime` (created on first use)."""
+    global _runtime
+    with _runtime_lock:
+        if _runtime is None:
+            _runtime = Runtime()
+        return _runtime
