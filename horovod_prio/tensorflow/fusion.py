@@ -2,18 +2,19 @@
 
 Horovod's optimizers and tapes call ``self._allreduce_grads(grads, vars,
 use_generic_names)``. :class:`PriorityAllreduce` is a drop-in for that
-callable:
+callable; it builds the graph side of the chunk plan
+(:func:`horovod_prio.method.plan.make_plan`):
 
-1. variables -> tasks (one per layer, backprop order) -> groups
-   (:func:`horovod_prio.sequence.partition_groups`);
-2. each group's dense gradients are compressed exactly as Horovod would,
-   flattened and concatenated per dtype (backprop order), and cut into chunks
-   of at most ``partition_bytes``; each chunk is assembled only from the
-   tensors it covers, so it can leave before the rest of its group is ready;
-3. every chunk goes ``HvdPrioGate -> hvd.allreduce -> HvdPrioDone``; the gate
-   takes its group's priority (broadcast from rank 0 each step) and, on rank 0,
-   releases chunks in priority order under ``credit_bytes``;
-4. the reduced chunks are split back into the gradients, reshaped and decompressed.
+1. variables -> tasks (one per layer, backprop order; :func:`layer_tasks`)
+   -> groups -> chunks of at most ``partition_bytes``, each made of the
+   gradient segments it covers;
+2. every chunk is compressed exactly as Horovod would (per tensor, before
+   fusion) and goes ``HvdPrioGate -> hvd.allreduce -> HvdPrioDone``; the gate
+   takes its group's priority from ``HvdPrioStepBegin`` (the vector rank 0's
+   monitor set) and, on rank 0, releases chunks in priority order under the
+   credit;
+3. the reduced chunks are split back into the gradients, reshaped and
+   decompressed; ``HvdPrioStepEnd`` stamps the end of the step.
 
 The arithmetic per element is Horovod's own (same op, prescale/postscale
 factors and compression), only the packing differs, so results are identical.
@@ -25,8 +26,9 @@ import logging
 import tensorflow as tf
 import horovod.tensorflow as _hvd
 
-from horovod_prio import cc
-from horovod_prio.tensorflow.monitor import get_monitor
+from horovod_prio.method.plan import TensorSpec, make_plan
+from horovod_prio.runtime import get_runtime
+from horovod_prio.tensorflow import ops
 
 log = logging.getLogger("horovod_prio")
 
@@ -52,11 +54,11 @@ def layer_tasks(variables):
     return tasks
 
 
-def _op_name(op):
-    for name in ("Average", "Sum", "Adasum", "Min", "Max", "Product"):
-        if op == getattr(_hvd, name, object()):
-            return name
-    return str(op)
+def _identity_key(variables, grads):
+    """What tells two optimizers/tapes apart: the variables they reduce."""
+    if variables is not None and all(hasattr(v, "ref") for v in variables):
+        return ("vars",) + tuple(v.ref() for v in variables)
+    return ("grads",) + tuple((g.dtype.name, tuple(g.shape.as_list())) for g in grads)
 
 
 class PriorityAllreduce:
@@ -98,13 +100,15 @@ class PriorityAllreduce:
     def __call__(self, grads, vars=None, use_generic_names=False):
         if self.passthrough_reason:
             return self.fallback(grads, vars, use_generic_names)
+        grads = list(grads)
+        vars = list(vars) if vars is not None else None
         if tf.executing_eagerly():
             # Like Horovod's _make_subgraph: eager callers get one graph so the
             # chunks really run concurrently and can be reordered.
             if self._graph_fn is None:
                 self._graph_fn = tf.function(self._reduce)
-            return self._graph_fn(list(grads), list(vars) if vars is not None else None)
-        return self._reduce(list(grads), list(vars) if vars is not None else None)
+            return self._graph_fn(grads, vars)
+        return self._reduce(grads, vars)
 
     def _warn_once(self, key, msg, *args):
         if key not in self._warned:
@@ -138,70 +142,47 @@ class PriorityAllreduce:
             if not dense:
                 return out
             known = vars is not None and len(vars) == len(grads)
-            sub_vars = [vars[i] if known else None for i in dense]
-            tasks = [[dense[j] for j in task] for task in layer_tasks(sub_vars)]
-            groups = self.config.make_groups(len(tasks))
-            group_indices = [[i for t in grp for i in tasks[t]] for grp in groups]
-            monitor = get_monitor(self.name, self.config, len(groups), self.process_set)
-            priorities = monitor.priorities_tensor()
+            sub_vars = [vars[i] for i in dense] if known else None
             with tf.device(self.device_dense):
-                for g, idx in enumerate(group_indices):
-                    reduced = self._reduce_group(g, [grads[i] for i in idx], priorities[g])
-                    for i, r in zip(idx, reduced):
-                        out[i] = r
+                reduced = self._reduce_dense([grads[i] for i in dense], sub_vars)
+            for i, r in zip(dense, reduced):
+                out[i] = r
             return out
 
-    def _reduce_group(self, g, grads, priority):
-        comp = [self.compression.compress(t) for t in grads]
-        by_dtype = {}
-        for k, (t, _) in enumerate(comp):
-            by_dtype.setdefault(t.dtype, []).append(k)
-        result = [None] * len(grads)
-        for dtype, members in by_dtype.items():
-            flats = [tf.reshape(comp[k][0], [-1]) for k in members]
-            reduced = self._reduce_flats(flats, "%s_g%d_%s" % (self.name, g, dtype.name), priority)
-            for k, part in zip(members, reduced):
-                t, ctx = comp[k]
-                result[k] = self.compression.decompress(tf.reshape(part, tf.shape(t)), ctx)
-        return result
-
-    def _reduce_flats(self, flats, base, priority):
-        """Fuse 1-D tensors (backprop order) into chunks, gate + allreduce each, split back.
-
-        The group's buffer is the concatenation of ``flats`` cut every
-        ``partition_bytes``; each chunk is built from just the tensor segments
-        it covers, so it is ready as soon as those layers' gradients are (the
-        first chunks of a group do not wait for its last layer), and the
-        group buffer itself is never materialised.
-        """
-        sizes = [f.shape[0] for f in flats]
-        if any(n is None for n in sizes):
-            raise ValueError("horovod_prio: gradient sizes must be static (unknown size in %s)" % base)
-        per_chunk = max(1, self.config.partition_bytes // max(1, flats[0].dtype.size))
-        total = sum(sizes)
-        offsets = [sum(sizes[:i]) for i in range(len(sizes))]
-        segments = [[] for _ in flats]  # per tensor: (chunk index, start in chunk, length)
-        chunks = []
-        for c, lo in enumerate(range(0, total, per_chunk)):
-            hi = min(total, lo + per_chunk)
-            parts, pos = [], 0
-            for i, (off, n) in enumerate(zip(offsets, sizes)):
-                a, b = max(lo, off), min(hi, off + n)
-                if a >= b:
-                    continue
-                parts.append(flats[i] if (a, b) == (off, off + n) else flats[i][a - off:b - off])
-                segments[i].append((c, pos, b - a))
-                pos += b - a
-            chunk = parts[0] if len(parts) == 1 else tf.concat(parts, 0)
-            name = "%s_c%d" % (base, c)
-            chunk = cc.gate(chunk, priority, name)
-            chunk = _hvd.allreduce(chunk, op=self.op, prescale_factor=self.prescale,
-                                   postscale_factor=self.postscale, name=name,
-                                   process_set=self.process_set, ignore_name_scope=True)
-            chunks.append((cc.done(chunk, name), hi - lo))
+    def _reduce_dense(self, grads, variables):
+        runtime = get_runtime()
+        runtime.setup(self.config, _hvd.rank(), _hvd.size(), owner=self.name)
+        comp = [self.compression.compress(g) for g in grads]
+        flats = [tf.reshape(t, [-1]) for t, _ in comp]
+        for g, f in zip(grads, flats):
+            if f.shape[0] is None:
+                raise ValueError("horovod_prio: gradient sizes must be static (unknown size of %s)"
+                                 % g.name)
+        tasks = layer_tasks(variables if variables is not None else [None] * len(grads))
+        groups = self.config.make_groups(len(tasks))
+        key = _identity_key(variables, grads)
+        name, monitor = runtime.identity(self.name, key, self.config, len(groups),
+                                         ops.StepClock.get())
+        plan = make_plan([TensorSpec(int(f.shape[0]), f.dtype.name, f.dtype.size) for f in flats],
+                         tasks, groups, self.config.partition_bytes, prefix=name)
+        priorities = ops.step_begin(monitor.slot, len(groups))
+        reduced = []
+        for chunk in plan.chunks:
+            parts = [flats[s.tensor] if (s.offset, s.length) == (0, flats[s.tensor].shape[0])
+                     else flats[s.tensor][s.offset:s.offset + s.length] for s in chunk.segments]
+            x = parts[0] if len(parts) == 1 else tf.concat(parts, 0)
+            x = ops.gate(x, priorities[chunk.group], chunk.name)
+            x = _hvd.allreduce(x, op=self.op, prescale_factor=self.prescale,
+                               postscale_factor=self.postscale, name=chunk.name,
+                               process_set=self.process_set, ignore_name_scope=True)
+            reduced.append(ops.done(x, chunk.name))
+        ops.step_end(monitor.slot, reduced)
         out = []
-        for segs in segments:
-            pieces = [chunks[c][0] if (start, length) == (0, chunks[c][1])
-                      else chunks[c][0][start:start + length] for c, start, length in segs]
-            out.append(pieces[0] if len(pieces) == 1 else tf.concat(pieces, 0))
+        pieces = plan.pieces()
+        for t, ((g, ctx), f) in enumerate(zip(comp, flats)):
+            segs = [reduced[c] if (seg.chunk_offset, seg.length) == (0, plan.chunks[c].nelems)
+                    else reduced[c][seg.chunk_offset:seg.chunk_offset + seg.length]
+                    for c, seg in pieces.get(t, [])]
+            flat = f if not segs else segs[0] if len(segs) == 1 else tf.concat(segs, 0)
+            out.append(self.compression.decompress(tf.reshape(flat, tf.shape(g)), ctx))
         return out

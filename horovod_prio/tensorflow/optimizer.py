@@ -2,18 +2,25 @@
 
 We let Horovod build its own optimizer or tape from the user's arguments (so
 every argument keeps Horovod's meaning and validation), then swap its
-``_allreduce_grads`` callable — the one place Horovod turns gradients into
-allreduces — for :class:`~horovod_prio.tensorflow.fusion.PriorityAllreduce`.
+``_allreduce_grads`` callable -- the one place Horovod turns gradients into
+allreduces -- for :class:`~horovod_prio.tensorflow.fusion.PriorityAllreduce`.
 Local-gradient aggregation (``backward_passes_per_step``) calls the same
 callable, so it is swapped there too.
+
+Arguments that would conflict with the priority path raise a clear error
+instead of being dropped: Horovod's ``groups``/``num_groups`` (explicit
+fusion groups) and Horovod elastic (a world that changes size under a traced
+graph).
 """
 import inspect
+import os
 
-from horovod_prio.config import PriorityConfig
+from horovod_prio.method.config import PriorityConfig
+from horovod_prio.runtime import get_runtime
 from horovod_prio.tensorflow.fusion import PriorityAllreduce
 
-_FUSION_ARGS = ("device_dense", "device_sparse", "compression", "sparse_as_dense", "op",
-                "gradient_predivide_factor", "process_set")
+FUSION_ARGS = ("device_dense", "device_sparse", "compression", "sparse_as_dense", "op",
+               "gradient_predivide_factor", "process_set")
 
 
 def resolve_config(priority):
@@ -34,27 +41,35 @@ def bound_arguments(hvd_fn, args, kwargs):
     return bound.arguments
 
 
-_FNS = {}
-
-
-def _priority_allreduce(name, config, fallback, kwargs):
-    """One PriorityAllreduce per distinct setup, like Horovod's cached allreduce fn:
-    an eager loop that wraps a fresh tape every step then reuses one traced graph."""
-    try:
-        key = (name, config, fallback, tuple(sorted(kwargs.items())))
-        hash(key)
-    except TypeError:
-        return PriorityAllreduce(name, config, fallback, **kwargs)
-    if key not in _FNS:
-        _FNS[key] = PriorityAllreduce(name, config, fallback, **kwargs)
-    return _FNS[key]
+def check_supported(config, hvd_args, what):
+    """Raise for Horovod arguments/modes the priority path cannot honour."""
+    if not config.enabled:
+        return
+    if hvd_args.get("groups") is not None or hvd_args.get("num_groups"):
+        raise ValueError(
+            "%s(groups=%r, num_groups=%r): Horovod's explicit fusion groups conflict with "
+            "horovod_prio's priority groups (chunks are formed per priority group, in backprop "
+            "order, and released by priority). Drop groups/num_groups and set "
+            "PriorityConfig(num_groups=...) / HOROVOD_PRIO_NUM_GROUPS instead, or disable "
+            "horovod_prio for this optimizer with priority=PriorityConfig(enabled=False) "
+            "(Horovod's own path, which honours them)."
+            % (what, hvd_args.get("groups"), hvd_args.get("num_groups")))
+    if os.environ.get("HOROVOD_ELASTIC", "0").strip() not in ("", "0"):
+        raise RuntimeError(
+            "%s: horovod_prio does not support Horovod elastic training (HOROVOD_ELASTIC=1): a "
+            "graph traced for one world size would keep its rank-0 ordering and chunk plan after "
+            "the world changes. Use priority=PriorityConfig(enabled=False) or "
+            "HOROVOD_PRIO_ENABLED=0 to run this job on Horovod's own path." % what)
 
 
 def install(target, name, config, hvd_args):
     """Replace ``target._allreduce_grads`` (an optimizer or tape) by the priority path."""
     fallback = target._allreduce_grads
-    kwargs = {k: hvd_args[k] for k in _FUSION_ARGS if k in hvd_args}
-    fn = _priority_allreduce(name, config, fallback, kwargs)
+    kwargs = {k: hvd_args[k] for k in FUSION_ARGS if k in hvd_args}
+    key = ("reducer", name, config, fallback, tuple(sorted(kwargs.items(), key=lambda kv: kv[0])))
+    # One reducer per distinct setup (like Horovod's cached allreduce fn): an
+    # eager loop that wraps a fresh tape every step reuses one traced graph.
+    fn = get_runtime().cached(key, lambda: PriorityAllreduce(name, config, fallback, **kwargs))
     target._allreduce_grads = fn
     helper = getattr(target, "_agg_helper", None)
     if helper is not None:  # backward_passes_per_step > 1

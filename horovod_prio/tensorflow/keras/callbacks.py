@@ -1,6 +1,7 @@
-"""horovod.tensorflow.keras.callbacks, re-exported unchanged."""
+"""horovod.tensorflow.keras.callbacks, re-exported unchanged (every public name)."""
 import horovod.tensorflow.keras.callbacks as _impl
-from horovod.tensorflow.keras.callbacks import *  # noqa: F401,F403
+
+globals().update({_n: getattr(_impl, _n) for _n in dir(_impl) if not _n.startswith("_")})
 
 
 def __getattr__(name):

@@ -1,6 +1,7 @@
-"""horovod.tensorflow.keras.elastic, re-exported unchanged."""
+"""horovod.tensorflow.keras.elastic, re-exported unchanged (every public name)."""
 import horovod.tensorflow.keras.elastic as _impl
-from horovod.tensorflow.keras.elastic import *  # noqa: F401,F403
+
+globals().update({_n: getattr(_impl, _n) for _n in dir(_impl) if not _n.startswith("_")})
 
 
 def __getattr__(name):

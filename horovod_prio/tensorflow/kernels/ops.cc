@@ -1,16 +1,22 @@
-// TensorFlow wrapper of the horovod_prio release scheduler:
-//   HvdPrioGate  (AsyncOpKernel) holds a chunk until the scheduler releases it.
-//   HvdPrioDone  (OpKernel)      tells the scheduler the chunk's allreduce ended.
-// plus an extern "C" API used by horovod_prio/cc/__init__.py through ctypes on
-// the very same shared object (one process-wide Scheduler::Get()).
-#include <cstdint>
-#include <cstdio>
-#include <cstring>
+// TensorFlow kernels of horovod_prio (the only C++ that knows TensorFlow):
+//   HvdPrioGate      (AsyncOpKernel) holds a chunk until the scheduler releases it.
+//   HvdPrioDone      (OpKernel)      tells the scheduler the chunk's allreduce ended.
+//   HvdPrioStepBegin (OpKernel)      a step starts: time stamp, priority vector out.
+//   HvdPrioStepEnd   (OpKernel)      the step's last gradient is reduced: time stamp.
+// The scheduler is the process-wide horovod_prio::Scheduler of
+// libhvdprio_scheduler.so (this library links to it).  The step clock lives
+// here; its extern "C" API (hvdprio_tf_*) is used by horovod_prio/tensorflow
+// through ctypes on this very shared object.
+#include <algorithm>
 #include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
 #include <memory>
 #include <mutex>
-#include <stdexcept>
 #include <string>
+#include <vector>
 
 #include "scheduler.h"
 #include "tensorflow/core/framework/op.h"
@@ -18,9 +24,38 @@
 #include "tensorflow/core/framework/shape_inference.h"
 #include "tensorflow/core/framework/tensor_shape.h"
 
+namespace horovod_prio {
+namespace {
+
+// ---------------------------------------------------------------------------
+// Step clock: one slot per monitored optimizer/tape.  StepBegin/StepEnd
+// stamp a steady clock; the runtime's monitor thread waits for finished
+// steps and sets the priority vector the next steps' gates use.
+struct Slot {
+  std::vector<int32_t> priorities;
+  bool begun = false;
+  double begin_s = 0;
+  std::deque<std::pair<double, double>> finished;  // (begin, end), seconds
+  int64_t dropped = 0;
+};
+
+std::mutex g_clock_mu;
+std::condition_variable g_clock_cv;
+std::vector<Slot> g_slots;
+constexpr size_t kMaxFinished = 4096;
+
+double SteadySeconds() {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch())
+      .count();
+}
+
+}  // namespace
+}  // namespace horovod_prio
+
 namespace tensorflow {
 namespace {
 
+using horovod_prio::CancelResult;
 using horovod_prio::Scheduler;
 
 REGISTER_OP("HvdPrioGate")
@@ -29,6 +64,7 @@ REGISTER_OP("HvdPrioGate")
     .Output("output: T")
     .Attr("T: type")
     .Attr("chunk_name: string")
+    .Attr("abandon_on_cancel: bool = true")
     .SetIsStateful()
     .SetShapeFn([](shape_inference::InferenceContext* c) {
       shape_inference::ShapeHandle unused;
@@ -38,7 +74,9 @@ REGISTER_OP("HvdPrioGate")
     })
     .Doc(R"doc(
 Holds `tensor` until the horovod_prio scheduler releases chunk `chunk_name`
-(priority `priority`, size = tensor bytes), then forwards it unchanged.
+(priority `priority`, size = tensor bytes), then forwards it unchanged.  With
+`abandon_on_cancel` (gates built in a graph, whose Done runs in the same step)
+a chunk still in flight when the step is cancelled is abandoned.
 )doc");
 
 REGISTER_OP("HvdPrioDone")
@@ -56,10 +94,36 @@ Marks chunk `chunk_name` as finished (frees its in-flight bytes in the
 horovod_prio scheduler) and forwards `tensor` unchanged.
 )doc");
 
+REGISTER_OP("HvdPrioStepBegin")
+    .Output("priorities: int32")
+    .Attr("slot: int >= 0")
+    .Attr("num_groups: int >= 1")
+    .SetIsStateful()
+    .SetShapeFn([](shape_inference::InferenceContext* c) {
+      int64_t n;
+      TF_RETURN_IF_ERROR(c->GetAttr("num_groups", &n));
+      c->set_output(0, c->Vector(n));
+      return Status();
+    })
+    .Doc(R"doc(
+A training step of monitor `slot` starts: records the time and returns the
+priority vector its gates use (set by the monitor from earlier steps).
+)doc");
+
+REGISTER_OP("HvdPrioStepEnd")
+    .Attr("slot: int >= 0")
+    .SetIsStateful()
+    .SetShapeFn([](shape_inference::InferenceContext* c) { return Status(); })
+    .Doc(R"doc(
+The step of monitor `slot` has its gradients reduced (run it after them with
+control dependencies): records the time and wakes the monitor.
+)doc");
+
 class HvdPrioGateOp : public AsyncOpKernel {
  public:
   explicit HvdPrioGateOp(OpKernelConstruction* c) : AsyncOpKernel(c) {
     OP_REQUIRES_OK(c, c->GetAttr("chunk_name", &chunk_name_));
+    OP_REQUIRES_OK(c, c->GetAttr("abandon_on_cancel", &abandon_on_cancel_));
     OP_REQUIRES(c, !chunk_name_.empty(),
                 errors::InvalidArgument("HvdPrioGate: chunk_name must be non-empty"));
   }
@@ -82,35 +146,37 @@ class HvdPrioGateOp : public AsyncOpKernel {
     // (this one if it may go at once, a HvdPrioDone kernel, a Grant() caller)
     // or, if the step is aborted while the chunk is held, from the
     // cancellation callback with a Cancelled status.
+    //
+    // With abandon_on_cancel the cancellation callback stays registered after
+    // the release: if the step fails after this chunk was released (its
+    // allreduce errors, a rank dies, another op fails), the executor cancels
+    // the step and the callback abandons the chunk, so its bytes do not stay
+    // "in flight" for ever and the next step has the full credit.  When the
+    // step ends normally the callback runs as the step's cancellation manager
+    // is destroyed and finds the chunk completed (nothing to do).  Without it
+    // (an eager gate: its Done is another op, run after this op's manager is
+    // gone) the callback is deregistered at the release.
     auto st = std::make_shared<GateState>();
     st->done = std::move(done);
     st->name = chunk_name_;
     st->ctx = ctx;
-    st->cm = ctx->cancellation_manager();
-    if (st->cm != nullptr) {
-      st->token = st->cm->get_cancellation_token();
-      const bool registered = st->cm->RegisterCallback(st->token, [st]() {
-        uint64_t ticket;
-        {
-          std::lock_guard<std::mutex> l(st->mu);
-          if (!st->submitted) {  // Submit() has not returned yet
-            st->cancel_requested = true;
-            return;
-          }
-          ticket = st->ticket;
-        }
-        if (Scheduler::Get().Cancel(ticket)) st->Finish(/*cancelled=*/true, false);
-      });
+    CancellationManager* cm = ctx->cancellation_manager();
+    if (cm != nullptr) {
+      const CancellationToken token = cm->get_cancellation_token();
+      if (!abandon_on_cancel_) {
+        st->cm = cm;
+        st->token = token;
+      }
+      const bool registered = cm->RegisterCallback(token, [st]() { st->OnCancel(); });
       if (!registered) {  // the step is already being cancelled
-        ctx->SetStatus(errors::Cancelled("HvdPrioGate(", chunk_name_,
-                                         "): step cancelled"));
-        st->done();
+        ctx->SetStatus(errors::Cancelled("HvdPrioGate(", chunk_name_, "): step cancelled"));
+        DoneCallback d = std::move(st->done);
+        d();
         return;
       }
     }
-    const std::string name = chunk_name_;
     const uint64_t ticket = Scheduler::Get().Submit(
-        name, priority, bytes, [st]() { st->Finish(false, true); });
+        chunk_name_, priority, bytes, [st]() { st->Finish(/*cancelled=*/false); });
     // From here on ctx may be gone (released and done() already ran).
     bool cancel_now;
     {
@@ -119,7 +185,7 @@ class HvdPrioGateOp : public AsyncOpKernel {
       st->ticket = ticket;
       cancel_now = st->cancel_requested;
     }
-    if (cancel_now && Scheduler::Get().Cancel(ticket)) st->Finish(true, false);
+    if (cancel_now) st->CancelTicket();
   }
 
  private:
@@ -132,15 +198,33 @@ class HvdPrioGateOp : public AsyncOpKernel {
     DoneCallback done;
     std::string name;
     OpKernelContext* ctx = nullptr;
-    CancellationManager* cm = nullptr;
+    CancellationManager* cm = nullptr;  // set: deregister at the release
     CancellationToken token = 0;
 
-    // released: the scheduler let the chunk go; else it was withdrawn.
-    void Finish(bool cancelled, bool released) {
+    void OnCancel() {
+      {
+        std::lock_guard<std::mutex> l(mu);
+        if (!submitted) {  // Submit() has not returned yet: it will cancel
+          cancel_requested = true;
+          return;
+        }
+      }
+      CancelTicket();
+    }
+
+    void CancelTicket() {
+      const CancelResult r = Scheduler::Get().Cancel(ticket);
+      // A waiting/requested chunk was withdrawn: the gate fails the step.  An
+      // in-flight one was abandoned (the gate already finished): nothing else.
+      if (r == CancelResult::kWaiting || r == CancelResult::kRequested) Finish(true);
+    }
+
+    void Finish(bool cancelled) {
       if (finished.exchange(true)) return;
-      if (released && cm != nullptr) {
+      if (!cancelled && cm != nullptr) {
         // Non-blocking; fails harmlessly if cancellation is under way (its
-        // callback will find the chunk already released and do nothing).
+        // callback then finds the chunk released and abandons it: the step
+        // is failing anyway).
         cm->TryDeregisterCallback(token);
       }
       if (cancelled) {
@@ -148,12 +232,14 @@ class HvdPrioGateOp : public AsyncOpKernel {
                                          "): step cancelled while the chunk was "
                                          "held by the scheduler"));
       }
+      ctx = nullptr;
       DoneCallback d = std::move(done);
       d();
     }
   };
 
   std::string chunk_name_;
+  bool abandon_on_cancel_ = true;
 };
 
 class HvdPrioDoneOp : public OpKernel {
@@ -173,147 +259,139 @@ class HvdPrioDoneOp : public OpKernel {
   std::string chunk_name_;
 };
 
+class HvdPrioStepBeginOp : public OpKernel {
+ public:
+  explicit HvdPrioStepBeginOp(OpKernelConstruction* c) : OpKernel(c) {
+    OP_REQUIRES_OK(c, c->GetAttr("slot", &slot_));
+    OP_REQUIRES_OK(c, c->GetAttr("num_groups", &num_groups_));
+  }
+
+  void Compute(OpKernelContext* ctx) override {
+    Tensor* out = nullptr;
+    OP_REQUIRES_OK(ctx, ctx->allocate_output(0, TensorShape({num_groups_}), &out));
+    auto v = out->flat<int32>();
+    std::lock_guard<std::mutex> lk(horovod_prio::g_clock_mu);
+    auto& slots = horovod_prio::g_slots;
+    OP_REQUIRES(ctx, slot_ < static_cast<int64_t>(slots.size()) &&
+                         static_cast<int64_t>(slots[slot_].priorities.size()) == num_groups_,
+                errors::FailedPrecondition("HvdPrioStepBegin: monitor slot ", slot_,
+                                           " with ", num_groups_, " groups was not created"));
+    horovod_prio::Slot& s = slots[slot_];
+    for (int64_t i = 0; i < num_groups_; ++i) v(i) = s.priorities[i];
+    s.begun = true;
+    s.begin_s = horovod_prio::SteadySeconds();
+  }
+
+ private:
+  int64_t slot_;
+  int64_t num_groups_;
+};
+
+class HvdPrioStepEndOp : public OpKernel {
+ public:
+  explicit HvdPrioStepEndOp(OpKernelConstruction* c) : OpKernel(c) {
+    OP_REQUIRES_OK(c, c->GetAttr("slot", &slot_));
+  }
+
+  void Compute(OpKernelContext* ctx) override {
+    const double now = horovod_prio::SteadySeconds();
+    {
+      std::lock_guard<std::mutex> lk(horovod_prio::g_clock_mu);
+      auto& slots = horovod_prio::g_slots;
+      OP_REQUIRES(ctx, slot_ < static_cast<int64_t>(slots.size()),
+                  errors::FailedPrecondition("HvdPrioStepEnd: no monitor slot ", slot_));
+      horovod_prio::Slot& s = slots[slot_];
+      if (!s.begun) return;  // (a step whose begin was not seen)
+      s.begun = false;
+      if (s.finished.size() >= horovod_prio::kMaxFinished) {
+        s.finished.pop_front();
+        ++s.dropped;
+      }
+      s.finished.emplace_back(s.begin_s, now);
+    }
+    horovod_prio::g_clock_cv.notify_all();
+  }
+
+ private:
+  int64_t slot_;
+};
+
 // No type constraint: the kernels never touch the data, so any T works.
 REGISTER_KERNEL_BUILDER(Name("HvdPrioGate").Device(DEVICE_CPU), HvdPrioGateOp);
 REGISTER_KERNEL_BUILDER(Name("HvdPrioDone").Device(DEVICE_CPU), HvdPrioDoneOp);
+REGISTER_KERNEL_BUILDER(Name("HvdPrioStepBegin").Device(DEVICE_CPU), HvdPrioStepBeginOp);
+REGISTER_KERNEL_BUILDER(Name("HvdPrioStepEnd").Device(DEVICE_CPU), HvdPrioStepEndOp);
 // GPU tensors are forwarded in place (priority read on the host).  Untested
 // here (tensorflow-cpu), but needs no CUDA code.
 REGISTER_KERNEL_BUILDER(Name("HvdPrioGate").Device(DEVICE_GPU).HostMemory("priority"),
                         HvdPrioGateOp);
 REGISTER_KERNEL_BUILDER(Name("HvdPrioDone").Device(DEVICE_GPU), HvdPrioDoneOp);
 
-// ---------------------------------------------------------------------------
-// extern "C" API helpers.
-
-void AppendJsonString(std::string* out, const std::string& s) {
-  out->push_back('"');
-  for (unsigned char ch : s) {
-    switch (ch) {
-      case '"': out->append("\\\""); break;
-      case '\\': out->append("\\\\"); break;
-      case '\n': out->append("\\n"); break;
-      case '\r': out->append("\\r"); break;
-      case '\t': out->append("\\t"); break;
-      default:
-        if (ch < 0x20) {
-          char buf[8];
-          std::snprintf(buf, sizeof(buf), "\\u%04x", ch);
-          out->append(buf);
-        } else {
-          out->push_back(static_cast<char>(ch));
-        }
-    }
-  }
-  out->push_back('"');
-}
-
-// Text drained from the scheduler but not yet handed to a caller.
-std::mutex g_drain_mu;
-std::string g_drain_text;
-
 }  // namespace
 }  // namespace tensorflow
 
-using horovod_prio::Scheduler;
-
 extern "C" {
 
-// Returns 0 on success, -1 if credit < 0 (nothing changed).
-int hvdprio_configure(int64_t credit_bytes, int hold) {
-  try {
-    Scheduler::Get().Configure(credit_bytes, hold != 0);
-    return 0;
-  } catch (const std::invalid_argument&) {
+// Creates a monitor slot whose vector starts as `priorities` (n values);
+// returns its index.
+int64_t hvdprio_tf_slot_new(const int32_t* priorities, int64_t n) {
+  std::lock_guard<std::mutex> lk(horovod_prio::g_clock_mu);
+  horovod_prio::Slot s;
+  s.priorities.assign(priorities, priorities + n);
+  horovod_prio::g_slots.push_back(std::move(s));
+  return static_cast<int64_t>(horovod_prio::g_slots.size()) - 1;
+}
+
+// Sets the vector the next StepBegin of `slot` returns.  0 ok, -1 bad slot/size.
+int hvdprio_tf_set_priorities(int64_t slot, const int32_t* priorities, int64_t n) {
+  std::lock_guard<std::mutex> lk(horovod_prio::g_clock_mu);
+  auto& slots = horovod_prio::g_slots;
+  if (slot < 0 || slot >= static_cast<int64_t>(slots.size()) ||
+      static_cast<int64_t>(slots[slot].priorities.size()) != n) {
     return -1;
   }
+  std::copy(priorities, priorities + n, slots[slot].priorities.begin());
+  return 0;
 }
 
-void hvdprio_set_tracing(int on) { Scheduler::Get().SetTracing(on != 0); }
-
-void hvdprio_set_max_events(int64_t max_events) {
-  Scheduler::Get().SetMaxEvents(max_events < 0 ? 0 : static_cast<size_t>(max_events));
-}
-
-// Moves the recorded events into a pending JSON-lines text (one object per
-// line: kind, name, priority, bytes, t_us, queued, inflight_bytes and, for
-// "request"/"release", waiting_max_priority).  If buf != NULL and cap is at
-// least the text length + 1, copies the text with a terminating NUL into buf,
-// clears it and returns its length (>= 0).  Otherwise returns -(length + 1),
-// i.e. minus the capacity needed, and keeps the text for the next call
-// (nothing is lost; a later call may need more room if new events arrived).
-int64_t hvdprio_drain_events(char* buf, int64_t cap) {
-  std::vector<horovod_prio::Event> ev = Scheduler::Get().DrainEvents();
-  std::lock_guard<std::mutex> lk(tensorflow::g_drain_mu);
-  std::string& text = tensorflow::g_drain_text;
-  for (const auto& e : ev) {
-    text.append("{\"kind\":");
-    tensorflow::AppendJsonString(&text, e.kind);
-    text.append(",\"name\":");
-    tensorflow::AppendJsonString(&text, e.name);
-    text.append(",\"priority\":" + std::to_string(e.priority));
-    text.append(",\"bytes\":" + std::to_string(e.bytes));
-    text.append(",\"t_us\":" + std::to_string(e.t_us));
-    text.append(",\"queued\":" + std::to_string(e.queued));
-    text.append(",\"inflight_bytes\":" + std::to_string(e.inflight_bytes));
-    if (e.kind == "release" || e.kind == "request") {  // not ready/done/cancel
-      text.append(",\"waiting_max_priority\":" +
-                  std::to_string(e.waiting_max_priority));
+// Waits up to timeout_s until some slot has finished steps (or a wake);
+// returns 1 if one has, else 0.
+int hvdprio_tf_wait(double timeout_s) {
+  std::unique_lock<std::mutex> lk(horovod_prio::g_clock_mu);
+  auto any = []() {
+    for (const auto& s : horovod_prio::g_slots) {
+      if (!s.finished.empty()) return true;
     }
-    text.append("}\n");
+    return false;
+  };
+  if (timeout_s > 0 && !any()) {
+    horovod_prio::g_clock_cv.wait_for(lk, std::chrono::duration<double>(timeout_s));
   }
-  const int64_t len = static_cast<int64_t>(text.size());
-  if (buf == nullptr || cap < len + 1) return -(len + 1);
-  std::memcpy(buf, text.data(), text.size());
-  buf[len] = '\0';
-  text.clear();
-  return len;
+  return any() ? 1 : 0;
 }
 
-// Comma-separated names of the values hvdprio_stats() writes, in order.
-const char* hvdprio_stats_fields() {
-  return "submitted,released,completed,max_inflight_bytes,queued,inflight_bytes,"
-         "inflight_chunks,unknown_completions,dropped_events,credit_bytes,hold,"
-         "external_grant,requested,unknown_grants,tracing,cancelled,abandoned";
+// Moves up to `max` finished steps of `slot` into out as (begin, end) pairs
+// of steady-clock seconds, oldest first; returns how many (-1: bad slot).
+// *dropped gets the steps lost to the bound of the queue since the last call.
+int64_t hvdprio_tf_take_steps(int64_t slot, double* out, int64_t max, int64_t* dropped) {
+  std::lock_guard<std::mutex> lk(horovod_prio::g_clock_mu);
+  auto& slots = horovod_prio::g_slots;
+  if (slot < 0 || slot >= static_cast<int64_t>(slots.size())) return -1;
+  horovod_prio::Slot& s = slots[slot];
+  int64_t k = 0;
+  for (; k < max && !s.finished.empty(); ++k) {
+    out[2 * k] = s.finished.front().first;
+    out[2 * k + 1] = s.finished.front().second;
+    s.finished.pop_front();
+  }
+  if (dropped != nullptr) {
+    *dropped = s.dropped;
+    s.dropped = 0;
+  }
+  return k;
 }
 
-// Writes min(n, N) values into out (order: hvdprio_stats_fields()); returns N.
-int hvdprio_stats(int64_t* out, int n) {
-  const horovod_prio::Stats s = Scheduler::Get().GetStats();
-  const int64_t v[] = {s.submitted,      s.released,        s.completed,
-                       s.max_inflight_bytes, s.queued,    s.inflight_bytes,
-                       s.inflight_chunks, s.unknown_completions, s.dropped_events,
-                       s.credit_bytes,   s.hold,            s.external_grant,
-                       s.requested,      s.unknown_grants,  s.tracing,
-                       s.cancelled,      s.abandoned};
-  const int N = static_cast<int>(sizeof(v) / sizeof(v[0]));
-  for (int i = 0; i < n && i < N && out != nullptr; ++i) out[i] = v[i];
-  return N;
-}
-
-// Drops in-flight bookkeeping of chunks whose Done will never run (after a
-// failed step); returns how many.
-int64_t hvdprio_abandon_inflight() { return Scheduler::Get().AbandonInflight(); }
-
-// Returns 1 on success, 0 if refused because chunks are waiting/requested.
-int hvdprio_reset() {
-  if (!Scheduler::Get().Reset()) return 0;
-  std::lock_guard<std::mutex> lk(tensorflow::g_drain_mu);
-  tensorflow::g_drain_text.clear();
-  return 1;
-}
-
-// External grant mode (cross-job arbiter hook).
-void hvdprio_set_external_grant(int on) { Scheduler::Get().SetExternalGrant(on != 0); }
-
-void hvdprio_set_grant_callbacks(Scheduler::RequestCb request_cb,
-                                 Scheduler::CompleteCb complete_cb) {
-  Scheduler::Get().SetGrantCallbacks(request_cb, complete_cb);
-}
-
-// Returns 1 if a requested chunk of that name was released, 0 otherwise.
-int hvdprio_grant(const char* name) {
-  if (name == nullptr) return 0;
-  return Scheduler::Get().Grant(name) ? 1 : 0;
-}
+// Wakes every waiter (shutdown).
+void hvdprio_tf_wake(void) { horovod_prio::g_clock_cv.notify_all(); }
 
 }  // extern "C"
