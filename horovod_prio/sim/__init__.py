@@ -1,9 +1,11 @@
 """Discrete-event simulator of data-parallel jobs sharing links (``horovod-prio sim``).
 
-Pure Python (matplotlib only for plots). The adaptive mode runs the product's
-own :class:`horovod_prio.policy.AdaptivePriorityPolicy` built by
-:meth:`horovod_prio.config.PriorityConfig.make_policy`, and the groups come
-from :func:`horovod_prio.sequence.partition_groups`. See docs/sim.md.
+The simulator runs the product's own rules, not copies: the chunk plan
+(:func:`horovod_prio.method.plan.make_plan`), the C++ release scheduler (one
+:class:`horovod_prio.scheduler.Scheduler` instance per job, through its C
+API), the arbiter's grant policy (:class:`horovod_prio.arbiter.core.Arbiter`)
+and the adaptive policy (:meth:`horovod_prio.method.config.PriorityConfig.make_policy`).
+No TensorFlow; matplotlib only for plots. See docs/sim.md.
 """
 from .engine import MODES, JobSpec, LinkConfig, SimResult, StepRecord, comm_floor, simulate
 from .profiles import BUILTIN, Layer, Profile, get_profile, load_profile, save_profile

@@ -21,7 +21,8 @@ import time
 from typing import List, Optional
 
 from ..arbiter.core import Arbiter
-from ..config import PriorityConfig, parse_bytes
+from ..method import units
+from ..method.config import PriorityConfig
 from .engine import MODES, TOPOLOGIES, JobSpec, LinkConfig, simulate
 from .profiles import BUILTIN, DEFAULT_TFLOPS, get_profile
 from .report import markdown_table, summarize, write_outputs
@@ -56,18 +57,6 @@ def parse_duration(text: str) -> float:
     return v
 
 
-def _int_min(minimum: int):
-    def parse(text):
-        try:
-            v = int(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"expected an integer >= {minimum}, got {text!r}")
-        if v < minimum:
-            raise argparse.ArgumentTypeError(f"expected an integer >= {minimum}, got {text!r}")
-        return v
-    return parse
-
-
 def _int_list(text):
     out = []
     for part in str(text).split(","):
@@ -98,12 +87,7 @@ def _float_range(lo: float, hi: Optional[float] = None, lo_open=False, hi_open=T
     return parse
 
 
-def _bytes(text):
-    try:
-        return parse_bytes(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(
-            f"expected a byte size like 4MiB, 512KiB, 1MB or 4194304, got {text!r}")
+_bytes = units.arg(units.parse_bytes, 1)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -116,8 +100,10 @@ def build_parser() -> argparse.ArgumentParser:
     a("--model", default="resnet50",
       help=f"{' | '.join(BUILTIN)} | PROFILE.json; a comma list assigns models to jobs "
            f"round-robin (default resnet50)")
-    a("--jobs", type=_int_min(1), default=2, help="jobs sharing the link (default 2)")
-    a("--workers", type=_int_min(1), default=8, help="workers (ranks) per job (default 8)")
+    a("--jobs", type=units.arg(units.parse_int, 1), default=2,
+      help="jobs sharing the link (default 2)")
+    a("--workers", type=units.arg(units.parse_int, 1), default=8,
+      help="workers (ranks) per job (default 8)")
     a("--bandwidth", type=parse_rate, default=parse_rate("10gbit"),
       help="link rate in bits/s: 10gbit, 25Gbit/s, 100mbit (default 10gbit)")
     a("--latency", type=parse_duration, default=5e-6,
@@ -140,15 +126,11 @@ def build_parser() -> argparse.ArgumentParser:
     a("--cycle-time", type=parse_duration, default=1e-3, help="Horovod cycle time (default 1ms)")
     a("--fusion-threshold", type=_bytes, default=128 * 1024 * 1024,
       help="Horovod fusion buffer (default 128MiB)")
-    a("--arbiter", choices=("product", "per-job"), default="product",
-      help="arbiter/adaptive modes: 'product' runs horovod_prio.arbiter.core.Arbiter "
-           "(per-request starvation bound); 'per-job': a job passed over by K consecutive "
-           "grants goes next (default product)")
     a("--arbiter-order", choices=Arbiter.ORDERS, default="burst",
       help="the product arbiter's cross-job order (its --order; default burst)")
     a("--arbiter-credit", type=_bytes, default=16 * 1024 * 1024,
       help="granted-but-unfinished bytes per link (default 16MiB, the arbiter's default)")
-    a("--starvation-bound", type=_int_min(0), default=8,
+    a("--starvation-bound", type=units.arg(units.parse_int, 0), default=8,
       help="arbiter starvation bound K, 0 = none (default 8, the arbiter's default)")
     a("--step-overhead", type=parse_duration, default=0.0,
       help="fixed time added to every step (optimizer apply, input pipeline)")
@@ -241,7 +223,7 @@ def _run(args, argv) -> int:
     link = LinkConfig(bandwidth=args.bandwidth, latency=args.latency, topology=args.topology,
                       cycle_time=args.cycle_time, fusion_threshold=args.fusion_threshold,
                       starvation_bound=args.starvation_bound, step_overhead=args.step_overhead,
-                      arbiter=args.arbiter, arbiter_credit=args.arbiter_credit,
+                      arbiter_credit=args.arbiter_credit,
                       arbiter_order=args.arbiter_order)
     try:
         link.validate()

@@ -23,12 +23,13 @@ Model (see docs/sim.md for the discussion):
   collective after the other (Horovod runs one collective at a time).
   ``fifo`` fuses the tensors of a cycle in ready order into buffers of at
   most ``fusion_threshold`` bytes.
-* **Priority release** (``priority``, ``arbiter``, ``adaptive``): a group's
-  gradients (groups from :func:`horovod_prio.sequence.partition_groups`) are
-  fused in backprop order and cut every ``partition_bytes``; a chunk is ready
-  when the last layer it covers is (as the binding builds chunks); a gate releases the highest-priority held chunk first
-  (ties: ready order) while released-but-unfinished bytes stay within
-  ``credit_bytes`` (a chunk larger than the credit goes alone).
+* **Priority release** (``priority``, ``arbiter``, ``adaptive``): the chunks
+  are the product's chunk plan (:func:`horovod_prio.method.plan.make_plan`,
+  the one the TensorFlow binding builds its graph from); a chunk is ready when
+  the last layer it covers is. Each job drives its own instance of the
+  product's C++ release scheduler (:class:`horovod_prio.scheduler.Scheduler`,
+  through the C API) with the job's ``credit_bytes``: what the scheduler
+  releases goes to the job's Horovod engine.
 * **Link sharing**: the wire is always *fair shared*: the collectives on
   it split the bandwidth equally (processor sharing; TCP's per-flow fairness
   with one ring per job). In ``fifo`` and ``priority`` nothing else happens -
@@ -37,11 +38,12 @@ Model (see docs/sim.md for the discussion):
   requests; the arbiter grants the highest priority across jobs (ties by
   arrival) while granted-but-unfinished bytes on the link stay within
   ``arbiter_credit``, with a starvation bound; only granted chunks go to the
-  job's Horovod engine. ``arbiter="product"`` runs
-  :class:`horovod_prio.arbiter.core.Arbiter` (a request passed over by K
-  later grants goes next); ``"per-job"`` is :class:`_Arbiter` (a job passed
-  over by K consecutive grants gets the next one).
-* **Adaptive** (``adaptive``): one :class:`~horovod_prio.policy.
+  job's Horovod engine. As in the product, the job's scheduler runs in
+  external-grant mode: a chunk that passes the local rule is requested at the
+  arbiter, which is the product's :class:`horovod_prio.arbiter.core.Arbiter`
+  on the simulated clock, and the requests a completion unblocks reach the
+  arbiter before the completion does.
+* **Adaptive** (``adaptive``): one :class:`~horovod_prio.method.policy.
   AdaptivePriorityPolicy` per job (built by :meth:`PriorityConfig.make_policy`
   - the product's code), ``before_batch()`` at step start, ``after_batch(t)``
   with the job's measured step time; its ``priorities`` label the job's
@@ -58,13 +60,14 @@ from dataclasses import dataclass, field
 from typing import Callable, Dict, List, Optional, Sequence
 
 from ..arbiter.core import Arbiter
-from ..config import PriorityConfig
-from ..sequence import base_priorities
+from ..method.config import PriorityConfig
+from ..method.plan import TensorSpec, make_plan
+from ..method.sequence import base_priorities
+from ..scheduler import Scheduler
 from .profiles import Profile
 
 MODES = ("fifo", "priority", "arbiter", "adaptive")
 TOPOLOGIES = ("nic", "bus")
-ARBITERS = ("product", "per-job")
 _EPS_BYTES = 1e-3
 
 
@@ -79,8 +82,7 @@ class LinkConfig:
     fusion_threshold: int = 128 * 1024 * 1024  # Horovod >= 0.21 default
     starvation_bound: int = 8                  # arbiter CLI default
     arbiter_credit: int = 16 * 1024 * 1024     # arbiter CLI default (per link)
-    arbiter: str = "product"                   # "product" | "per-job"
-    arbiter_order: str = "burst"               # product arbiter's --order: "chunk" | "burst"
+    arbiter_order: str = "burst"               # the arbiter's --order: "chunk" | "burst"
     step_overhead: float = 0.0
 
     def validate(self) -> None:
@@ -96,8 +98,6 @@ class LinkConfig:
         if self.topology not in TOPOLOGIES:
             raise ValueError(f"topology must be one of {', '.join(TOPOLOGIES)}, "
                              f"got {self.topology!r}")
-        if self.arbiter not in ARBITERS:
-            raise ValueError(f"arbiter must be one of {', '.join(ARBITERS)}, got {self.arbiter!r}")
         if self.arbiter_order not in Arbiter.ORDERS:
             raise ValueError(f"arbiter_order must be one of {', '.join(Arbiter.ORDERS)}, "
                              f"got {self.arbiter_order!r}")
@@ -225,73 +225,16 @@ class _SharedLink:
             m.on_done(m)
 
 
-class _Arbiter:
-    """Cross-job arbiter of one link: holds every job's ready chunks as
-    requests and grants the highest-priority one (ties: arrival) while
-    granted-but-unfinished bytes on the link stay within ``credit`` (a larger
-    chunk goes alone when nothing is granted). Starvation bound: a job with
-    waiting requests that has been passed over by ``bound`` consecutive grants
-    gets the next grant (its best request), so every job keeps at least
-    1/(bound+1) of the grants. Granted chunks go to their job's Horovod
-    engine; on the wire they share the link like any other traffic (the
-    credit keeps that to a chunk or two)."""
-
-    def __init__(self, credit: int, bound: int):
-        self.credit, self.bound = credit, bound
-        self.queues: Dict[int, list] = {}   # job idx -> heap of (-priority, arrival, nbytes)
-        self.jobs: Dict[int, "_Job"] = {}
-        self.arrivals = itertools.count()
-        self.inflight = 0
-        self.grants = 0
-        self.starvation_grants = 0
-        self.passed: Dict[int, int] = {}
-
-    def request(self, job, priority: int, nbytes: int):
-        self.jobs[job.idx] = job
-        heapq.heappush(self.queues.setdefault(job.idx, []), (-priority, next(self.arrivals), nbytes))
-        self.grant()
-
-    def done(self, job, token, nbytes: int):
-        self.inflight -= nbytes
-        self.grant()
-
-    def grant(self):
-        queues = self.queues
-        while True:
-            waiting = [j for j, q in queues.items() if q]
-            if not waiting:
-                return
-            starving = [j for j in waiting
-                        if self.bound and self.passed.get(j, 0) >= self.bound]
-            if starving:
-                jid = min(starving, key=lambda j: (-self.passed[j], j))
-            else:
-                jid = min(waiting, key=lambda j: queues[j][0][:2])
-            negp, _, nbytes = queues[jid][0]
-            if self.inflight and self.inflight + nbytes > self.credit:
-                return
-            heapq.heappop(queues[jid])
-            if starving:
-                self.starvation_grants += 1
-            self.inflight += nbytes
-            self.grants += 1
-            for j in waiting:
-                self.passed[j] = 0 if j == jid else self.passed.get(j, 0) + 1
-            self.jobs[jid].submit((nbytes, -negp, None))
-
-
-class _ProductArbiter:
-    """Adapter running the product's grant policy,
-    :class:`horovod_prio.arbiter.core.Arbiter` (per-request starvation bound:
-    a request passed over by ``bound`` later-arrived grants goes next), on
-    the simulated clock; leases never expire."""
+class _LinkArbiter:
+    """The product's grant policy, :class:`horovod_prio.arbiter.core.Arbiter`,
+    on the simulated clock (leases never expire); requests are the jobs'
+    scheduler tickets."""
 
     def __init__(self, sim: "_Sim", credit: int, bound: int, order: str = "burst"):
         self.core = Arbiter(credit_bytes=credit, lease_seconds=1e18, starvation_bound=bound,
                             clock=lambda: sim.now, order=order)
         self.handles: Dict[int, object] = {}
         self.jobs: Dict[int, "_Job"] = {}
-        self.tokens = itertools.count()
 
     def _handle(self, job):
         h = self.handles.get(job.idx)
@@ -302,13 +245,13 @@ class _ProductArbiter:
 
     def _deliver(self, grants):
         for r in grants or ():
-            self.jobs[int(r.job.job_id)].submit((r.nbytes, r.priority, r.token))
+            self.jobs[int(r.job.job_id)].granted(r.token)
 
-    def request(self, job, priority: int, nbytes: int):
-        self._deliver(self.core.request(self._handle(job), next(self.tokens), priority, nbytes))
+    def request(self, job, ticket: int, priority: int, nbytes: int):
+        self._deliver(self.core.request(self._handle(job), ticket, priority, nbytes))
 
-    def done(self, job, token, nbytes: int):
-        self._deliver(self.core.complete(self._handle(job), token))
+    def done(self, job, ticket: int):
+        self._deliver(self.core.complete(self._handle(job), ticket))
 
     @property
     def starvation_grants(self) -> int:
@@ -322,7 +265,7 @@ class _ProductArbiter:
 class _Job:
     def __init__(self, idx: int, spec: JobSpec, sim: _Sim, link, cfg: LinkConfig,
                  pcfg: PriorityConfig, mode: str, records: List[StepRecord],
-                 arbiter: Optional[_Arbiter] = None):
+                 arbiter: Optional[_LinkArbiter] = None):
         self.idx, self.spec, self.sim, self.link, self.cfg, self.mode = (
             idx, spec, sim, link, cfg, mode)
         self.arbiter = arbiter
@@ -350,35 +293,28 @@ class _Job:
         self.task_ready, self.task_bytes = ready, sizes
         self.rng = random.Random(f"{spec.seed}:{idx}") if spec.jitter > 0 else None
         self.policy = None
+        self.sched = None
         if mode != "fifo":
-            self.groups = pcfg.make_groups(len(sizes))
-            self.base = tuple(base_priorities(len(self.groups)))
+            groups = pcfg.make_groups(len(sizes))
+            self.base = tuple(base_priorities(len(groups)))
             if mode == "adaptive":
-                self.policy = pcfg.make_policy(len(self.groups))
-            self.partition, self.credit = pcfg.partition_bytes, pcfg.credit_bytes
-            # As the binding does: a group's bytes (tasks in backprop order) are
-            # cut every partition_bytes and each chunk is ready when the last
-            # task it covers is ready (no wait for the whole group).
-            self.group_chunks = []
-            for g in self.groups:
-                chunks, pos, total = [], 0, sum(sizes[i] for i in g)
-                ends = list(itertools.accumulate(sizes[i] for i in g))
-                while pos < total:
-                    hi = min(total, pos + self.partition)
-                    last = next(k for k, e in enumerate(ends) if e >= hi)
-                    chunks.append((ready[g[last]], hi - pos))
-                    pos = hi
-                self.group_chunks.append(chunks)
+                self.policy = pcfg.make_policy(len(groups))
+            # The product's chunk plan (one tensor per layer) and release scheduler.
+            plan = make_plan([TensorSpec(p // prof.dtype_bytes, "float", prof.dtype_bytes)
+                              for p in sizes], [[i] for i in range(len(sizes))], groups,
+                             pcfg.partition_bytes, prefix="job%d" % idx)
+            self.chunks = [(ready[c.last_tensor], c.group, c.name, c.nbytes) for c in plan.chunks]
+            self.sched = Scheduler()
+            self.sched.configure(pcfg.credit_bytes, True)
+            if arbiter is not None:
+                self.sched.set_external_grant(True)
+            self.ticket_bytes: Dict[int, int] = {}
         # horovod engine state
         self.hq: List = []
         self.cycle_list: List[_Msg] = []
         self.busy = False
         self.tick_pending = False
         self.last_tick = spec.start
-        # gate state
-        self.held: List = []
-        self.inflight = 0
-        self.ready_seq = itertools.count()
         self.step = 0
 
     # ---------------------------------------------------------- steps
@@ -401,11 +337,9 @@ class _Job:
             for i, (r, b) in enumerate(zip(self.task_ready, self.task_bytes)):
                 self.sim.at(now + r * f, self.submit, (b, i, None))
         else:
-            self.outstanding = 0
-            for g, chunks in enumerate(self.group_chunks):
-                self.outstanding += len(chunks)
-                for r, size in chunks:
-                    self.sim.at(now + r * f, self.chunk_ready_ev, g, size)
+            self.outstanding = len(self.chunks)
+            for r, g, name, size in self.chunks:
+                self.sim.at(now + r * f, self.chunk_ready_ev, g, name, size)
         self.sim.at(now + self.compute_s * f, self.backward_done)
 
     def backward_done(self):
@@ -435,23 +369,25 @@ class _Job:
         if self.step < self.spec.steps:
             self.start_step()
 
-    # ---------------------------------------------------------- gate
-    def chunk_ready_ev(self, g, size):
+    # ---------------------------------------------------------- gate (the product's scheduler)
+    def chunk_ready_ev(self, g, name, size):
         prio = self.prios[g]
-        if self.arbiter is not None:
-            self.arbiter.request(self, prio, size)
-        else:
-            heapq.heappush(self.held, (-prio, next(self.ready_seq), size))
-            self.release()
+        ticket = self.sched.submit(name, prio, size)
+        self.ticket_bytes[ticket] = (size, prio)
+        self._pump()
 
-    def release(self):
-        while self.held:
-            negp, _, size = self.held[0]
-            if self.inflight and self.inflight + size > self.credit:
-                return
-            heapq.heappop(self.held)
-            self.inflight += size
-            self.submit((size, -negp, None))
+    def _pump(self):
+        """Move what the scheduler decided: requests to the arbiter, releases to Horovod."""
+        if self.arbiter is not None:
+            for ticket, prio, size in self.sched.take_requests():
+                self.arbiter.request(self, ticket, prio, size)
+        for ticket in self.sched.take_released():
+            size, prio = self.ticket_bytes[ticket]
+            self.submit((size, prio, ticket))
+
+    def granted(self, ticket):
+        self.sched.grant(ticket)
+        self._pump()
 
     # ---------------------------------------------------------- horovod loop
     def submit(self, item):
@@ -511,11 +447,15 @@ class _Job:
 
     def _msg_done(self, msg):
         self.outstanding -= msg.units
-        if self.arbiter is not None:
-            self.arbiter.done(self, msg.token, msg.nbytes)
-        elif self.mode != "fifo":
-            self.inflight -= msg.nbytes
-            self.release()
+        if self.sched is not None:
+            ticket = msg.token
+            self.ticket_bytes.pop(ticket)
+            self.sched.complete_ticket(ticket)
+            # as in the product: the requests this completion unblocks reach
+            # the arbiter before the completion itself
+            self._pump()
+            if self.arbiter is not None:
+                self.arbiter.done(self, ticket)
         self._run_next()
         self._maybe_end()
 
@@ -544,10 +484,7 @@ def simulate(jobs: Sequence[JobSpec], mode: str, link: Optional[LinkConfig] = No
     ln = _SharedLink(sim, link.bandwidth)
     arb = None
     if mode in ("arbiter", "adaptive"):
-        arb = (_ProductArbiter(sim, link.arbiter_credit, link.starvation_bound,
-                               link.arbiter_order)
-               if link.arbiter == "product" else
-               _Arbiter(link.arbiter_credit, link.starvation_bound))
+        arb = _LinkArbiter(sim, link.arbiter_credit, link.starvation_bound, link.arbiter_order)
     records: List[List[StepRecord]] = [[] for _ in jobs]
     js = [_Job(i, spec, sim, ln, link, pcfg, mode, records[i], arb)
           for i, spec in enumerate(jobs)]

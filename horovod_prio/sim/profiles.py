@@ -6,7 +6,7 @@ time of one batch on one worker. Layers with 0 parameters contribute compute
 time only (no gradient, no communication task).
 
 JSON format (``format`` = :data:`PROFILE_FORMAT`), written by
-:func:`save_profile` and by :mod:`horovod_prio.tensorflow.profile`::
+:func:`save_profile` and by :mod:`benchmarks.profile_model`::
 
     {"format": "horovod_prio.sim.profile/1", "name": "resnet50",
      "source": "architecture table, 10 TFLOP/s effective", "batch_size": 64,

@@ -20,7 +20,7 @@ import statistics
 import sys
 import time
 
-from ..config import PriorityConfig
+from ..method.config import PriorityConfig
 from .engine import JobSpec, LinkConfig, comm_floor, simulate, window_steps
 from .profiles import get_profile
 
@@ -36,8 +36,7 @@ CONFIGS = (
     ("adaptive K=8", "adaptive", {}, {}),
     ("arbiter no-K", "arbiter", {"starvation_bound": 0}, {}),
     ("adaptive no-K", "adaptive", {"starvation_bound": 0}, {}),
-    ("arbiter per-job K=16", "arbiter", {"arbiter": "per-job", "starvation_bound": 16}, {}),
-    ("adaptive per-job, all groups", "adaptive", {"arbiter": "per-job", "starvation_bound": 16},
+    ("adaptive no-K, all groups", "adaptive", {"starvation_bound": 0},
      {"adjust_groups": 4, "step": 4}),
 )
 

@@ -20,7 +20,7 @@ import os
 import statistics
 from typing import Dict, List, Optional, Tuple
 
-from ..config import PriorityConfig
+from ..method.config import PriorityConfig
 from .engine import JobSpec, LinkConfig, comm_floor, simulate, window_steps
 from .profiles import Profile, load_profile, mlp
 
@@ -42,7 +42,7 @@ def harness_link(bandwidth_bits: float = 1e9) -> LinkConfig:
 
 def harness_profile(path: Optional[str] = None, ranks_per_core: float = 2.0,
                     batch: int = 32) -> Profile:
-    """The MLP profile: measured by :mod:`horovod_prio.tensorflow.profile` if
+    """The MLP profile: measured by :mod:`benchmarks.profile_model` if
     ``path`` (default ``benchmarks/sim_results/profile_mlp_b32.json``) exists,
     else the FLOP-split MLP with :data:`FALLBACK_COMPUTE_S`. Compute times are
     multiplied by ``ranks_per_core`` (the harness pins both ranks of a job to
