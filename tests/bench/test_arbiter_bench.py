@@ -17,7 +17,7 @@ def _err(capsys, argv):
 def test_defaults():
     a = ab.parse_args([])
     assert a.configs == ["hvd", "prio", "arb", "burst"]
-    assert (a.rate, a.batch, a.repeats, a.arbiter_credit) == ("2gbit", 512, 3, "8MiB")
+    assert (a.rate, a.batch, a.repeats, a.arbiter_credit) == ("2gbit", 512, 3, 8 << 20)
     assert str(a.host_addr) == "169.254.77.1/30" and str(a.ns_addr) == "169.254.77.2/30"
 
 
@@ -30,7 +30,7 @@ def test_defaults():
     (["--ns-addr", "169.254.77.1/30"], "same subnet"),
     (["--arbiter-credit", "lots"], "4MiB"),
     (["--rate", "fast"], "invalid rate"),
-    (["--repeats", "0"], "positive integer"),
+    (["--repeats", "0"], "integer >= 1"),
     (["--prio-env", "FOO=1"], "HOROVOD_PRIO_"),
     (["--starvation-bound", "-1"], "--starvation-bound"),
     (["--arbiter-timeout", "0"], "--arbiter-timeout"),

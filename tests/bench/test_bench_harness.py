@@ -13,7 +13,7 @@ import pytest
 from benchmarks import netns, report, run, workload
 from benchmarks.netns import HarnessError, ShapedLink
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 
 
 def _ip_netns_usable():

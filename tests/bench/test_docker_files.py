@@ -14,7 +14,7 @@ from urllib.parse import urlparse
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 DOCKERFILE = ROOT / "docker" / "Dockerfile"
 DOCKER_MK = ROOT / "docker" / "docker.mk"
 CI = ROOT / ".github" / "workflows" / "ci.yml"

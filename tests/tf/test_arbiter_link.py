@@ -28,10 +28,10 @@ import time
 import numpy as np
 import pytest
 
-from hvdrun import HERE, ROOT, check, have_tf_stack, horovodrun
+from hvdrun import HERE, ROOT, check, horovodrun
 from horovod_prio.arbiter.client import ArbiterClient
 
-pytestmark = pytest.mark.skipif(have_tf_stack() is not None, reason="TF stack: %s" % have_tf_stack())
+pytestmark = pytest.mark.tf_stack
 WORKER = os.path.join(HERE, "mp", "arbiter_worker.py")
 SECRET = "tf-arbiter-test-secret"
 LINK = "shared0"
@@ -236,7 +236,7 @@ def test_two_jobs_share_the_arbiter_and_finish(alive):
 
 
 def test_trace_shows_the_wait_for_the_arbiter(alive):
-    from horovod_prio.trace import load_trace
+    from horovod_prio.runtime.trace import load_trace
     for job in alive["jobs"]:
         events = load_trace(os.path.join(job["dir"], "trace.json"))
         spans = [e for e in events if e.get("cat") == "arbiter" and e.get("ph") == "X"]

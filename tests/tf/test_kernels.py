@@ -1,9 +1,6 @@
-"""HvdPrioGate / HvdPrioDone inside TensorFlow graphs (one process, no Horovod).
-
-Needs TensorFlow and the built op library (``pip install --no-build-isolation
---no-deps -e .``); skipped with the reason otherwise.
-"""
-import os
+"""HvdPrioGate / HvdPrioDone / HvdPrioStep* inside TensorFlow graphs (one
+process, no Horovod): release order, credit, pass-through, external grants by
+ticket, failed steps withdraw and abandon their chunks, the step clock."""
 import random
 import threading
 import time
@@ -11,23 +8,23 @@ import time
 import numpy as np
 import pytest
 
-tf = pytest.importorskip("tensorflow", reason="TensorFlow is not installed in this interpreter")
+pytestmark = [pytest.mark.tf_stack, pytest.mark.timeout(120)]
 
-from horovod_prio import cc  # noqa: E402
+tf = pytest.importorskip("tensorflow")
 
-try:
-    cc.load()
-except cc.SchedulerOpError as e:  # pragma: no cover - depends on the build
-    pytest.skip("scheduler op library not usable: %s" % e, allow_module_level=True)
+from horovod_prio.scheduler import Scheduler  # noqa: E402
+from horovod_prio.tensorflow import ops  # noqa: E402
 
-pytestmark = pytest.mark.timeout(120)
+SCHED = Scheduler.process()
 
 
 @pytest.fixture(autouse=True)
 def fresh_scheduler():
-    cc.reset()
+    SCHED.reset()
     yield
-    cc.reset()
+    SCHED.set_external_grant(False)
+    SCHED.set_grant_callbacks()
+    SCHED.reset()
 
 
 def run_with_timeout(fn, timeout=60.0):
@@ -43,7 +40,7 @@ def run_with_timeout(fn, timeout=60.0):
     t = threading.Thread(target=target, daemon=True)
     t.start()
     t.join(timeout)
-    assert not t.is_alive(), "graph did not finish within %.0f s: %r" % (timeout, cc.stats())
+    assert not t.is_alive(), "graph did not finish within %.0f s: %r" % (timeout, SCHED.stats())
     if "error" in box:
         raise box["error"]
     return box.get("value")
@@ -52,7 +49,7 @@ def run_with_timeout(fn, timeout=60.0):
 def wait_for(pred, timeout=30.0, what="condition"):
     deadline = time.time() + timeout
     while not pred():
-        assert time.time() < deadline, "timed out waiting for %s: %r" % (what, cc.stats())
+        assert time.time() < deadline, "timed out waiting for %s: %r" % (what, SCHED.stats())
         time.sleep(0.005)
 
 
@@ -116,43 +113,44 @@ def make_step(n):
         outs = []
         for i in range(n):
             name = "chunk%d" % i
-            g = cc.gate(xs[i], prios[i], name)
+            g = ops.gate(xs[i], prios[i], name)
             r = tf.identity(g)  # where hvd.allreduce goes
-            outs.append(cc.done(r, name))
+            outs.append(ops.done(r, name))
         return outs
     return step
 
 
 @tf.function
 def hold_blocker(x):
-    return cc.gate(x, 1 << 20, "blocker")
+    # its Done runs in another call (free_blocker): not abandoned when this call ends
+    return ops.gate(x, 1 << 20, "blocker", abandon_on_cancel=False)
 
 
 @tf.function
 def free_blocker(x):
-    return cc.done(x, "blocker")
+    return ops.done(x, "blocker")
 
 
-def test_same_library_for_ops_and_ctypes():
-    cc.configure(credit_bytes=123, hold=False)
-    s = cc.stats()
+def test_kernels_use_the_process_scheduler():
+    SCHED.configure(credit_bytes=123, hold=False)
+    s = SCHED.stats()
     assert s["credit_bytes"] == 123 and s["hold"] is False
-    out = cc.gate(tf.constant([1.0, 2.0]), 3, "eager")  # eager, pass-through
-    out = cc.done(out, "eager")
+    out = ops.gate(tf.constant([1.0, 2.0]), 3, "eager")  # eager, pass-through
+    out = ops.done(out, "eager")
     np.testing.assert_array_equal(out.numpy(), [1.0, 2.0])
-    s = cc.stats()  # counted by the kernels, read through ctypes
+    s = SCHED.stats()  # counted by the kernels, read through the scheduler's C API
     assert (s["submitted"], s["released"], s["completed"]) == (1, 1, 1)
     assert s["inflight_bytes"] == 0 and s["unknown_completions"] == 0
 
 
 def test_gradient_passes_through():
-    cc.configure(credit_bytes=0, hold=True)
+    SCHED.configure(credit_bytes=0, hold=True)
     x = tf.Variable([1.0, -2.0, 3.0])
 
     @tf.function
     def grad():
         with tf.GradientTape() as tape:
-            y = cc.done(cc.gate(x * x, 2, "sq"), "sq")
+            y = ops.done(ops.gate(x * x, 2, "sq"), "sq")
             loss = tf.reduce_sum(y)
         return tape.gradient(loss, x)
     g = run_with_timeout(grad, 30)
@@ -165,8 +163,8 @@ def test_held_chunks_released_by_priority_within_credit():
     prios = [3, 9, 1, 9, 5, 0, 5]
     sizes = [int(np.prod(x.shape)) * x.dtype.size for x in xs]
     credit = max(sizes) + min(sizes)  # at most ~2 chunks in flight
-    cc.configure(credit_bytes=credit, hold=True)
-    cc.set_tracing(True)
+    SCHED.configure(credit_bytes=credit, hold=True)
+    SCHED.set_tracing(True)
     step = make_step(n)
     prio_t = tf.constant(prios, tf.int32)
     step.get_concrete_function(xs, prio_t)  # trace outside the timed part
@@ -175,22 +173,22 @@ def test_held_chunks_released_by_priority_within_credit():
     # credit), so every chunk of the step is held until it is freed.
     big = tf.zeros([credit + 1], tf.uint8)
     run_with_timeout(lambda: hold_blocker(big), 30)
-    assert cc.stats()["inflight_bytes"] == credit + 1
+    assert SCHED.stats()["inflight_bytes"] == credit + 1
 
     box = {}
     t = threading.Thread(target=lambda: box.setdefault("outs", step(xs, prio_t)), daemon=True)
     t.start()
-    wait_for(lambda: cc.stats()["queued"] == n, what="all chunks held")
-    assert cc.stats()["released"] == 1  # only the blocker
+    wait_for(lambda: SCHED.stats()["queued"] == n, what="all chunks held")
+    assert SCHED.stats()["released"] == 1  # only the blocker
     run_with_timeout(lambda: free_blocker(big), 30)
     t.join(60)
-    assert not t.is_alive(), "step did not finish: %r" % cc.stats()
+    assert not t.is_alive(), "step did not finish: %r" % SCHED.stats()
 
     for x, y in zip(xs, box["outs"]):
         assert y.dtype == x.dtype
         np.testing.assert_array_equal(y.numpy(), x.numpy())
 
-    events = cc.drain_events()
+    events = SCHED.drain_events()
     released = check_trace(events, credit)
     assert released[0] == "blocker"
     order = [int(r[len("chunk"):]) for r in released[1:]]
@@ -203,7 +201,7 @@ def test_held_chunks_released_by_priority_within_credit():
     assert [prios[i] for i in order] == sorted(prios, reverse=True)
     # at least one release happened with >= 2 chunks waiting
     assert any(e["kind"] == "release" and e["queued"] >= 1 for e in events)
-    s = cc.stats()
+    s = SCHED.stats()
     assert s["submitted"] == s["released"] == s["completed"] == n + 1
     assert s["queued"] == 0 and s["inflight_bytes"] == 0
     assert s["max_inflight_bytes"] <= max(credit, max(sizes), credit + 1)
@@ -214,8 +212,8 @@ def test_held_chunks_released_by_priority_within_credit():
 def test_many_iterations_random_priorities_tiny_credit():
     n, iters = 20, 200
     xs = make_inputs(n, seed=2)
-    cc.configure(credit_bytes=16, hold=True)
-    cc.set_tracing(True)
+    SCHED.configure(credit_bytes=16, hold=True)
+    SCHED.set_tracing(True)
     step = make_step(n)
     rng = random.Random(3)
     prio_sets = [tf.constant([rng.randrange(-5, 6) for _ in range(n)], tf.int32)
@@ -230,11 +228,11 @@ def test_many_iterations_random_priorities_tiny_credit():
     outs = run_with_timeout(loop, 60)
     for x, y in zip(xs, outs):
         np.testing.assert_array_equal(y.numpy(), x.numpy())
-    s = cc.stats()
+    s = SCHED.stats()
     assert s["submitted"] == s["released"] == s["completed"] == n * iters, s
     assert s["queued"] == 0 and s["inflight_bytes"] == 0 and s["unknown_completions"] == 0
     assert s["dropped_events"] == 0
-    events = cc.drain_events()
+    events = SCHED.drain_events()
     assert len(events) == 3 * n * iters
     check_trace(events, 16)
 
@@ -242,18 +240,18 @@ def test_many_iterations_random_priorities_tiny_credit():
 def test_pass_through_when_not_holding():
     n = 6
     xs = make_inputs(n, seed=4)
-    cc.configure(credit_bytes=0, hold=False)
-    cc.set_tracing(True)
+    SCHED.configure(credit_bytes=0, hold=False)
+    SCHED.set_tracing(True)
     step = make_step(n)
     outs = run_with_timeout(lambda: step(xs, tf.constant(list(range(n)), tf.int32)), 30)
     for x, y in zip(xs, outs):
         np.testing.assert_array_equal(y.numpy(), x.numpy())
-    events = cc.drain_events()
+    events = SCHED.drain_events()
     # every release directly follows its own ready event
     for a, b in zip(events, events[1:]):
         if b["kind"] == "release":
             assert a["kind"] == "ready" and a["name"] == b["name"]
-    s = cc.stats()
+    s = SCHED.stats()
     assert s["submitted"] == s["released"] == s["completed"] == n
 
 
@@ -263,17 +261,17 @@ def test_external_grant_through_tf():
     requests, completes = [], []
     lock = threading.Lock()
 
-    def on_request(name, prio, nbytes):
+    def on_request(ticket, name, prio, nbytes):
         with lock:
-            requests.append(name)
+            requests.append(ticket)
 
-    def on_complete(name):
+    def on_complete(ticket):
         with lock:
-            completes.append(name)
+            completes.append(ticket)
 
-    cc.configure(credit_bytes=0, hold=True)  # one at a time
-    cc.set_grant_callbacks(on_request, on_complete)
-    cc.set_external_grant(True)
+    SCHED.configure(credit_bytes=0, hold=True)  # one at a time
+    SCHED.set_grant_callbacks(request=on_request, complete=on_complete)
+    SCHED.set_external_grant(True)
     step = make_step(n)
     prio_t = tf.constant([1, 2, 3, 4], tf.int32)
     step.get_concrete_function(xs, prio_t)
@@ -283,82 +281,132 @@ def test_external_grant_through_tf():
     granted = 0
     deadline = time.time() + 30
     while granted < n:
-        assert time.time() < deadline, (requests, cc.stats())
+        assert time.time() < deadline, (requests, SCHED.stats())
         with lock:
             pending = requests[granted:]
-        for name in pending:
-            assert cc.grant(name)
+        for ticket in pending:
+            assert SCHED.grant(ticket)
             granted += 1
         time.sleep(0.002)
     t.join(30)
-    assert not t.is_alive(), cc.stats()
+    assert not t.is_alive(), SCHED.stats()
     for x, y in zip(xs, box["outs"]):
         np.testing.assert_array_equal(y.numpy(), x.numpy())
-    assert not cc.grant("chunk0")  # nothing pending any more
-    s = cc.stats()
+    assert not SCHED.grant(requests[0])  # nothing pending any more
+    s = SCHED.stats()
     assert s["released"] == s["completed"] == n and s["requested"] == 0
     assert s["unknown_grants"] == 1
     with lock:
         assert sorted(completes) == sorted(requests) and len(requests) == n
-    cc.set_external_grant(False)
-    cc.set_grant_callbacks(None, None)
 
 
 def test_aborted_step_withdraws_held_chunk():
     """A step that fails while a chunk is held must fail, not hang."""
-    cc.configure(credit_bytes=0, hold=True)
-    cc.set_tracing(True)
+    SCHED.configure(credit_bytes=0, hold=True)
+    SCHED.set_tracing(True)
     big = tf.zeros([8], tf.uint8)
     run_with_timeout(lambda: hold_blocker(big), 30)  # keeps "held" waiting
 
     def fail_once_held(y):
-        wait_for(lambda: cc.stats()["queued"] == 1, what="chunk held")
+        wait_for(lambda: SCHED.stats()["queued"] == 1, what="chunk held")
         raise RuntimeError("boom while held")
 
     @tf.function
     def step(x, y):
-        out = cc.done(tf.identity(cc.gate(x, 1, "held")), "held")
+        out = ops.done(tf.identity(ops.gate(x, 1, "held")), "held")
         f = tf.py_function(fail_once_held, [y], tf.float32)
         return out, f
 
     x = tf.constant([1.0, 2.0])
     with pytest.raises(tf.errors.OpError):
         run_with_timeout(lambda: step(x, x), 60)
-    s = cc.stats()
+    s = SCHED.stats()
     assert s["cancelled"] == 1 and s["queued"] == 0, s
-    assert [e["kind"] for e in cc.drain_events() if e["name"] == "held"] == ["ready", "cancel"]
+    assert [e["kind"] for e in SCHED.drain_events() if e["name"] == "held"] == ["ready", "cancel"]
     run_with_timeout(lambda: free_blocker(big), 30)
-    assert cc.stats()["inflight_bytes"] == 0
-    # A released chunk whose Done never ran can be forgotten explicitly.
-    run_with_timeout(lambda: hold_blocker(big), 30)
-    assert cc.abandon_inflight() == 1
-    s = cc.stats()
-    assert s["inflight_bytes"] == 0 and s["abandoned"] == 1
+    assert SCHED.stats()["inflight_bytes"] == 0
+
+
+def test_step_failing_after_a_release_abandons_the_chunk():
+    """The chunk was released, then its "allreduce" failed: the step's
+    cancellation abandons it, so the next step has the full credit again."""
+    SCHED.configure(credit_bytes=0, hold=True)  # one chunk at a time: a leak would hang
+    SCHED.set_tracing(True)
+
+    def failing_allreduce(x):
+        raise RuntimeError("collective failed")
+
+    @tf.function
+    def step(x, fail):
+        g = ops.gate(x, 1, "c")
+        r = tf.cond(fail, lambda: tf.py_function(failing_allreduce, [g], tf.float32),
+                    lambda: tf.identity(g))
+        return ops.done(r, "c")
+
+    x = tf.constant([1.0, 2.0])
+    with pytest.raises(tf.errors.OpError, match="collective failed"):
+        run_with_timeout(lambda: step(x, tf.constant(True)), 30)
+    s = SCHED.stats()
+    assert s["abandoned"] == 1 and s["inflight_bytes"] == 0 and s["inflight_chunks"] == 0, s
+    for _ in range(3):  # later steps run with the whole credit
+        np.testing.assert_array_equal(run_with_timeout(lambda: step(x, tf.constant(False)),
+                                                       30).numpy(), [1.0, 2.0])
+    s = SCHED.stats()
+    assert s["completed"] == 3 and s["inflight_bytes"] == 0, s
+    kinds = [e["kind"] for e in SCHED.drain_events()]
+    assert kinds[:3] == ["ready", "release", "abandon"]
+
+
+def test_step_clock_records_steps_and_serves_the_priority_vector():
+    clock = ops.StepClock.get()
+    slot = clock.new_slot([0, 1, 2])
+
+    @tf.function
+    def step(x):
+        p = ops.step_begin(slot, 3)
+        y = ops.done(ops.gate(x, p[2], "s"), "s")
+        ops.step_end(slot, [y])
+        return p
+
+    SCHED.configure(credit_bytes=0, hold=False)
+    x = tf.constant([1.0])
+    assert step(x).numpy().tolist() == [0, 1, 2]
+    clock.set_priorities(slot, [5, 6, 9])
+    assert step(x).numpy().tolist() == [5, 6, 9]   # the next step reads the new vector
+    assert clock.wait(5.0)
+    steps = clock.take_steps(slot)
+    assert len(steps) == 2 and all(b <= e for b, e in steps)
+    assert steps[0][1] <= steps[1][0]
+    assert clock.take_steps(slot) == []
+    with pytest.raises(ValueError, match="slot"):
+        clock.set_priorities(slot, [1, 2])
 
 
 def test_bad_inputs_have_clear_errors():
     with pytest.raises(ValueError, match="credit_bytes"):
-        cc.configure(credit_bytes=-1, hold=True)
+        SCHED.configure(credit_bytes=-1, hold=True)
     with pytest.raises(ValueError, match="credit_bytes"):
-        cc.configure(credit_bytes=1.5, hold=True)
+        SCHED.configure(credit_bytes=1.5, hold=True)
     with pytest.raises(ValueError, match="hold"):
-        cc.configure(credit_bytes=1, hold="yes")
+        SCHED.configure(credit_bytes=1, hold="yes")
     with pytest.raises(ValueError, match="name"):
-        cc.gate(tf.constant(1.0), 1, "")
+        ops.gate(tf.constant(1.0), 1, "")
     with pytest.raises(ValueError, match="name"):
-        cc.done(tf.constant(1.0), None)
+        ops.done(tf.constant(1.0), None)
     with pytest.raises(ValueError, match="priority"):
-        cc.gate(tf.constant(1.0), 2**40, "x")
+        ops.gate(tf.constant(1.0), 2**40, "x")
 
     @tf.function
     def bad_priority(x):
-        return cc.gate(x, tf.constant([1, 2]), "vec")
+        return ops.gate(x, tf.constant([1, 2]), "vec")
     with pytest.raises((ValueError, tf.errors.InvalidArgumentError)):
         bad_priority(tf.constant(1.0))
-    assert cc.stats()["submitted"] == 0
+    assert SCHED.stats()["submitted"] == 0
+    with pytest.raises(ValueError, match="slot"):
+        ops.StepClock.get().set_priorities(10 ** 6, [1])
 
 
 def test_load_error_mentions_build(monkeypatch, tmp_path):
-    monkeypatch.setattr(cc, "_HERE", str(tmp_path))
-    with pytest.raises(cc.SchedulerOpError, match="pip install --no-build-isolation"):
-        cc.library_path()
+    monkeypatch.setattr(ops, "_HERE", str(tmp_path))
+    with pytest.raises(ops.KernelLibraryError, match="pip install --no-build-isolation"):
+        ops.kernel_library_path()

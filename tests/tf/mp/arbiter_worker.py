@@ -19,8 +19,9 @@ import numpy as np
 import tensorflow as tf
 
 import horovod_prio.tensorflow.keras as hvd
-from horovod_prio import PriorityConfig, cc
-from horovod_prio.tensorflow import arbiter_link
+from horovod_prio import PriorityConfig
+from horovod_prio.runtime import get_runtime
+from horovod_prio.scheduler import Scheduler
 
 p = argparse.ArgumentParser()
 p.add_argument("out_dir")
@@ -47,7 +48,7 @@ model.compile(optimizer=opt, loss=tf.keras.losses.SparseCategoricalCrossentropy(
 
 
 def link_counters():
-    al = arbiter_link.active_link()
+    al = get_runtime().arbiter
     return None if al is None else al.counters
 
 
@@ -74,6 +75,6 @@ hist = model.fit(x, y, batch_size=8, epochs=1, shuffle=False, verbose=0,
 if rank == 0:
     np.savez(os.path.join(args.out_dir, "weights.npz"), *model.get_weights())
     with open(os.path.join(args.out_dir, "rank0.json"), "w") as f:
-        json.dump({"counters": link_counters(), "scheduler": cc.stats(),
+        json.dump({"counters": link_counters(), "scheduler": Scheduler.process().stats(),
                    "loss": float(hist.history["loss"][-1])}, f)
 print("rank %d finished" % rank, flush=True)

@@ -1,6 +1,8 @@
 """Runs under horovodrun: a Keras fit with many small chunks, a tiny credit,
-rank-skewed random step delays, chosen slow steps on rank 0 (the test hook
-that makes the monitor raise the boost) and an optional crash.
+rank-skewed random delays between steps, chosen slow steps on rank 0 (the
+test hook that makes the monitor raise the boost: the delay is inside the
+step's graph, because the monitor measures the step itself, not the gaps
+between steps) and an optional crash.
 
 With HOROVOD_PRIO_TRACE set, every rank writes its chunk events (rank 0 to
 that path, rank r to <stem>.rank<r>.json); the test compares them.
@@ -37,8 +39,25 @@ rank = hvd.rank()
 rng = random.Random(1000 + rank)
 slow = {int(s) for s in args.slow.split(",") if s}
 
+# Seconds the next step sleeps inside its graph (set on rank 0 for the slow
+# steps; every rank has the op, so the graphs stay identical).
+delay = tf.Variable(0.0, trainable=False)
+
+
+def _sleep(seconds):
+    time.sleep(float(seconds))
+    return np.float32(0.0)
+
+
+class InGraphDelay(tf.keras.layers.Layer):
+    def call(self, x):
+        z = tf.ensure_shape(tf.numpy_function(_sleep, [delay], tf.float32), [])
+        return x + tf.stop_gradient(z)
+
+
 tf.keras.utils.set_random_seed(3)
-model = tf.keras.Sequential([tf.keras.layers.Dense(64, activation="relu", input_shape=(32,))]
+model = tf.keras.Sequential([tf.keras.Input(shape=(32,)), InGraphDelay(),
+                             tf.keras.layers.Dense(64, activation="relu")]
                             + [tf.keras.layers.Dense(64, activation="relu") for _ in range(6)]
                             + [tf.keras.layers.Dense(8)])
 config = PriorityConfig(num_groups=4, partition_bytes=1024, credit_bytes=1024,
@@ -55,8 +74,7 @@ class Hooks(tf.keras.callbacks.Callback):
             print("rank %d: simulated crash at step %d" % (rank, batch), flush=True)
             os._exit(17)
         time.sleep(rng.uniform(0, args.jitter))  # skews readiness between ranks
-        if rank == 0 and batch in slow:
-            time.sleep(args.slow_seconds)
+        delay.assign(args.slow_seconds if rank == 0 and batch in slow else 0.0)
 
     def on_train_batch_end(self, batch, logs=None):
         steps_done.append(batch)

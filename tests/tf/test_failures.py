@@ -1,0 +1,107 @@
+"""Failure paths leak nothing and hang nothing (real horovodrun, Gloo and MPI):
+
+* a step fails after some of its chunks were released: every rank's held
+  gates are withdrawn and its in-flight chunks abandoned with the error, the
+  next steps run with the whole credit, weights stay finite and equal;
+* rank 0 is killed with SIGKILL mid-run: its Chrome trace still loads (only
+  the closing bracket missing) with the steps before the kill;
+* Horovod elastic fails at once with an error naming the limitation;
+* Horovod's groups/num_groups raise instead of being dropped.
+"""
+import json
+import os
+import signal
+import time
+
+import numpy as np
+import pytest
+
+from hvdrun import CONTROLLERS, HERE, check, horovodrun, start
+from horovod_prio.runtime.trace import load_trace
+
+pytestmark = pytest.mark.tf_stack
+WORKER = os.path.join(HERE, "mp", "failure_worker.py")
+
+
+@pytest.mark.parametrize("controller", CONTROLLERS)
+def test_a_failed_step_releases_its_chunks_and_training_goes_on(controller, tmp_path):
+    check(horovodrun([WORKER, str(tmp_path), "failed_step"], controller, timeout=300))
+    weights = []
+    for r in (0, 1):
+        info = json.load(open(tmp_path / ("failed_rank%d.json" % r)))
+        assert info["failed"] == [5], info
+        after, end = info["after_failure"], info["end"]
+        # nothing waits and nothing stays "in flight" once the failed step returned
+        assert (after["queued"], after["requested"], after["inflight_bytes"],
+                after["inflight_chunks"]) == (0, 0, 0, 0), after
+        assert after["abandoned"] >= 1, after            # released, then the step failed
+        # every later chunk went through; every submitted chunk is accounted for
+        assert end["submitted"] == end["released"] + end["cancelled"], end
+        assert end["released"] == end["completed"] + end["abandoned"], end
+        assert end["completed"] > after["completed"] and end["inflight_bytes"] == 0, end
+        weights.append(np.load(tmp_path / ("weights_rank%d.npz" % r)))
+    for a, b in zip(weights[0].values(), weights[1].values()):
+        assert np.all(np.isfinite(a)) and np.array_equal(a, b)
+
+
+@pytest.mark.parametrize("controller", CONTROLLERS)
+def test_rank0_killed_mid_run_leaves_a_loadable_trace(controller, tmp_path):
+    trace = tmp_path / "trace.json"
+    log = open(tmp_path / "log.txt", "w")
+    proc = start([WORKER, str(tmp_path), "progress"], controller,
+                 env={"HOROVOD_PRIO_TRACE": str(trace)}, out=log)
+    try:
+        deadline = time.time() + 180
+        done = -1
+        while done < 40:
+            assert time.time() < deadline and proc.poll() is None, open(tmp_path / "log.txt").read()
+            try:
+                done = int((tmp_path / "progress").read_text())
+            except (OSError, ValueError):
+                pass
+            time.sleep(0.05)
+        os.kill(int((tmp_path / "pid_rank0").read_text()), signal.SIGKILL)
+        proc.wait(120)        # the job ends (non-zero) instead of hanging
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    assert proc.returncode != 0
+    text = trace.read_text()
+    assert not text.rstrip().endswith("]")          # rank 0 never got to close it
+    json.loads(text + "]")                          # strict: only the bracket is missing
+    events = load_trace(str(trace))
+    steps = [e for e in events if e.get("cat") == "step"]
+    chunks = [e for e in events if e.get("cat") == "chunk" and e.get("ph") == "i"]
+    assert len(steps) >= 30, len(steps)             # the steps before the kill are there
+    assert chunks
+
+
+def test_horovod_elastic_fails_at_once_naming_the_limitation(tmp_path):
+    script = tmp_path / "discover.sh"
+    script.write_text("#!/bin/sh\necho localhost:2\n")
+    script.chmod(0o755)
+    t0 = time.time()
+    res = horovodrun([WORKER, str(tmp_path), "optimizer"], "gloo", timeout=180,
+                     extra=["--min-np", "2", "--max-np", "2", "--host-discovery-script",
+                            str(script)])
+    assert res.returncode != 0, res.stdout[-3000:]
+    assert "does not support Horovod elastic" in res.stdout, res.stdout[-3000:]
+    assert "HOROVOD_PRIO_ENABLED=0" in res.stdout
+    assert "optimizer built" not in res.stdout
+    assert time.time() - t0 < 170
+
+
+def test_groups_and_num_groups_raise_instead_of_being_dropped():
+    import tensorflow as tf
+    import horovod_prio.tensorflow as hvd_tf
+    import horovod_prio.tensorflow.keras as hvd
+    hvd.init()
+    for kwargs in ({"num_groups": 2}, {"groups": 3}):
+        with pytest.raises(ValueError, match="conflict with horovod_prio's priority groups"):
+            hvd.DistributedOptimizer(tf.keras.optimizers.legacy.SGD(0.1), **kwargs)
+    with pytest.raises(ValueError, match="HOROVOD_PRIO_NUM_GROUPS"):
+        hvd_tf.DistributedGradientTape(tf.GradientTape(), num_groups=2)
+    # Horovod's own path honours them: allowed when horovod_prio is off
+    hvd.DistributedOptimizer(tf.keras.optimizers.legacy.SGD(0.1), num_groups=2,
+                             priority={"enabled": False})
