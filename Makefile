@@ -27,6 +27,7 @@ bench: install
 	$(BIN)/python -m benchmarks.run --quick
 
 clean:
-	rm -rf build *.egg-info horovod_prio/cc/*.so
+	rm -rf build *.egg-info horovod_prio/scheduler/*.so horovod_prio/tensorflow/kernels/*.so \
+	  $(VENV)/.stamps/prio-*
 
 include docker/docker.mk

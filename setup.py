@@ -1,66 +1,91 @@
-"""horovod_prio: priority-aware gradient communication for Horovod + TensorFlow.
+"""Build of horovod_prio's two shared libraries; metadata is in pyproject.toml.
 
-The C++ scheduler op (horovod_prio/cc) is compiled against the TensorFlow that
-is installed in the build environment, so install with
-``pip install --no-build-isolation -e .`` (``make install`` does this).
+* ``horovod_prio/scheduler/libhvdprio_scheduler.so`` -- the release scheduler
+  and its C API (no TensorFlow); the simulator and the runtime load it with
+  ctypes.
+* ``horovod_prio/tensorflow/kernels/libhvdprio_tf_kernels_tf<version>.so`` --
+  the TensorFlow kernels, compiled against the TensorFlow installed in the
+  build environment and linked to the scheduler library (one process-wide
+  scheduler). One per TF version, so the venvs of two stacks can share a
+  checkout.
+
+Install with ``pip install --no-build-isolation --no-deps -e .`` (``make
+install`` does): the kernels need the installed TensorFlow's headers.
 """
+import json
 import os
 import subprocess
 import sys
 
-from setuptools import Extension, find_packages, setup
+from setuptools import Extension, setup
 from setuptools.command.build_ext import build_ext
 
-CC_DIR = os.path.join("horovod_prio", "cc")
-OP_SOURCES = [os.path.join(CC_DIR, f) for f in ("scheduler.cc", "ops.cc")]
+SCHED_DIR = os.path.join("horovod_prio", "scheduler")
+KERNEL_DIR = os.path.join("horovod_prio", "tensorflow", "kernels")
+SCHEDULER = Extension("horovod_prio.scheduler.libhvdprio_scheduler",
+                      [os.path.join(SCHED_DIR, f) for f in ("scheduler.cc", "c_api.cc")])
+KERNELS = Extension("horovod_prio.tensorflow.kernels.libhvdprio_tf_kernels",
+                    [os.path.join(KERNEL_DIR, "ops.cc")])
+CXXFLAGS = ["-std=c++17", "-shared", "-fPIC", "-O2", "-Wall"]
 
 
-def _tf_flags():
-    code = ("import tensorflow as tf, json; "
-            "print(json.dumps([tf.sysconfig.get_compile_flags(), tf.sysconfig.get_link_flags(), "
-            "tf.__version__]))")
+def tf_build_info():
+    """(compile flags, link flags, version) of the installed TensorFlow."""
+    code = ("import tensorflow as tf, json; print(json.dumps([tf.sysconfig.get_compile_flags(), "
+            "tf.sysconfig.get_link_flags(), tf.__version__]))")
     env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3")
     out = subprocess.check_output([sys.executable, "-c", code], env=env, text=True)
-    import json
     return json.loads(out.strip().splitlines()[-1])
 
 
-class BuildTFOp(build_ext):
-    """Builds the scheduler op with g++ and TensorFlow's own flags."""
+def kernel_library_name(tf_version):
+    return "libhvdprio_tf_kernels_tf%s.so" % tf_version.replace(".", "_")
 
-    _flags = None
 
-    def tf_flags(self):
-        if self._flags is None:
-            self._flags = _tf_flags()
-        return self._flags
+class BuildLibraries(build_ext):
+    """Plain g++ builds: the scheduler first, then the TF kernels linked to it."""
 
+    _tf = None
+
+    def tf(self):
+        if self._tf is None:
+            self._tf = tf_build_info()
+        return self._tf
+
+    # Plain shared libraries (loaded with ctypes / tf.load_op_library), not
+    # Python extension modules: fixed names, no EXT_SUFFIX.  setuptools builds
+    # into build_lib and copies to the source tree for --inplace/editable.
     def get_ext_filename(self, fullname):
-        # One library per TF version (horovod_prio/cc/__init__.py loads the one
-        # matching the running TF), so the venvs of two stacks can share a checkout.
-        name = super().get_ext_filename(fullname)
-        if fullname.split(".")[-1] == "_scheduler_ops":
-            head, sep, tail = name.partition("_scheduler_ops")
-            name = "%s%s_tf%s%s" % (head, sep, self.tf_flags()[2].replace(".", "_"), tail)
-        return name
+        if fullname == SCHEDULER.name:
+            return os.path.join(SCHED_DIR, "libhvdprio_scheduler.so")
+        if fullname == KERNELS.name:
+            return os.path.join(KERNEL_DIR, kernel_library_name(self.tf()[2]))
+        return super().get_ext_filename(fullname)
+
+    def get_ext_fullpath(self, ext_name):
+        if ext_name in (SCHEDULER.name, KERNELS.name):
+            rel = self.get_ext_filename(ext_name)
+            return os.path.abspath(rel if self.inplace else os.path.join(self.build_lib, rel))
+        return super().get_ext_fullpath(ext_name)
+
+    def build_extensions(self):
+        self.build_extension(SCHEDULER)  # the kernels link to it
+        self.build_extension(KERNELS)
 
     def build_extension(self, ext):
-        cflags, lflags, _ = self.tf_flags()
         out = self.get_ext_fullpath(ext.name)
         os.makedirs(os.path.dirname(out), exist_ok=True)
-        cmd = (["g++", "-std=c++17", "-shared", "-fPIC", "-O2", "-Wall"]
-               + ext.sources + ["-o", out] + cflags + lflags)
+        if ext.name == SCHEDULER.name:
+            cmd = (["g++"] + CXXFLAGS + ["-pthread"] + ext.sources
+                   + ["-Wl,-soname,libhvdprio_scheduler.so", "-o", out])
+        else:
+            cflags, lflags, _ = self.tf()
+            sched = self.get_ext_fullpath(SCHEDULER.name)
+            cmd = (["g++"] + CXXFLAGS + ["-I", SCHED_DIR] + ext.sources + ["-o", out] + cflags
+                   + ["-L", os.path.dirname(sched), "-l:libhvdprio_scheduler.so",
+                      "-Wl,-rpath,$ORIGIN/../../scheduler"] + lflags)
         print(" ".join(cmd))
         subprocess.check_call(cmd)
 
 
-setup(
-    name="horovod_prio",
-    version="0.1.0",
-    description="Priority-aware gradient communication for Horovod (TensorFlow)",
-    packages=find_packages(include=["horovod_prio", "horovod_prio.*"]),
-    python_requires=">=3.9",
-    ext_modules=[Extension("horovod_prio.cc._scheduler_ops", OP_SOURCES)],
-    cmdclass={"build_ext": BuildTFOp},
-    entry_points={"console_scripts": ["horovod-prio=horovod_prio.cli:main"]},
-)
+setup(ext_modules=[SCHEDULER, KERNELS], cmdclass={"build_ext": BuildLibraries})

@@ -48,6 +48,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from horovod_prio.method import units
+
 from . import netns, report
 from .netns import HarnessError, ShapedLink
 from .run import (REPO, JobSpec, Progress, RunFailed, _cpus_for, _git_rev, _prio_env,
@@ -92,11 +94,7 @@ def _iface(s):
     return i
 
 
-def _size(s):
-    m = re.fullmatch(r"(\d+)(|K|M|G|KiB|MiB|GiB)", s.strip())
-    if not m:
-        raise argparse.ArgumentTypeError(f"expected bytes such as 4MiB, 16MiB, 1048576, got {s!r}")
-    return s.strip()
+_size = units.arg(units.parse_bytes, 1)
 
 
 def build_parser():

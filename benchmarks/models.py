@@ -1,6 +1,6 @@
 """The shaped-link harness's workload models, in one place for the harness
 (``benchmarks/workload.py``) and the profiler
-(``horovod_prio.tensorflow.profile``), so the profile the simulator is
+(``benchmarks.profile_model``), so the profile the simulator is
 validated with is measured on exactly the benchmarked model.
 
 ``harness_model(keras, name)`` takes the ``keras`` module (no TensorFlow

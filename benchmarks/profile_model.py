@@ -4,7 +4,7 @@ Times the forward and the backward pass of every layer of a Keras model on
 this machine (CPU), one batch, and writes the simulator's profile JSON
 (:mod:`horovod_prio.sim.profiles`)::
 
-    python -m horovod_prio.tensorflow.profile --model mlp --batch 32 \\
+    python -m benchmarks.profile_model --model mlp --batch 32 \\
         --threads 1 --out benchmarks/sim_results/profile_mlp_b32.json
     horovod-prio sim --model benchmarks/sim_results/profile_mlp_b32.json ...
 
@@ -36,7 +36,7 @@ def _tf():
 def builtin_model(name: str):
     """The harness's workloads (benchmarks/workload.py): ``mlp`` (784-2048-
     2048-256-10, 6,331,146 params) and ``cnn`` (small CNN on 28x28x1)."""
-    from horovod_prio.examples.models import HARNESS_MODELS, harness_model
+    from benchmarks.models import HARNESS_MODELS, harness_model
     if name not in HARNESS_MODELS:
         raise ValueError(f"--model: unknown built-in model {name!r} (choose mlp, cnn or a "
                          f"saved Keras model path)")
@@ -116,13 +116,13 @@ def profile_model(model, batch_size: int, *, warmup: int = 3, repeats: int = 10,
         layers.append(Layer(layer.name, params, t_f, max(t_g - t_f, 0.0)))
         x = y
     import platform
-    src = (f"measured with horovod_prio.tensorflow.profile on {platform.machine()} CPU, "
+    src = (f"measured with benchmarks.profile_model on {platform.machine()} CPU, "
            f"TF {tf.__version__}, threads {threads or 'default'}, best of {repeats}")
     return Profile(name or model.name, tuple(layers), batch_size, 4, src)
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(prog="python -m horovod_prio.tensorflow.profile",
+    p = argparse.ArgumentParser(prog="python -m benchmarks.profile_model",
                                 description=__doc__.split("\n\n")[0])
     p.add_argument("--model", default="mlp", help="mlp | cnn | path of a saved Keras model")
     p.add_argument("--batch", type=int, default=32)

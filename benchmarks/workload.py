@@ -31,15 +31,10 @@ import time
 
 T_PROCESS_START = time.time()
 
+from horovod_prio.method import units  # noqa: E402 (pure Python, no TF)
 
-def _positive_int(s: str) -> int:
-    try:
-        v = int(s)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {s!r}")
-    if v < 1:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {s!r}")
-    return v
+
+_positive_int = units.arg(units.parse_int, 1)
 
 
 def _priority(s: str):
@@ -95,7 +90,7 @@ def parse_args(argv=None):
 
 
 def build_model(tf, name: str):
-    from horovod_prio.examples.models import harness_model
+    from benchmarks.models import harness_model
     return harness_model(tf.keras, name)
 
 

@@ -69,11 +69,24 @@ if ! "$VPY" -m pip show -q horovod >/dev/null 2>&1 || [ ! -f "$STAMPS/horovod-$T
   rm -f "$STAMPS"/horovod-*; touch "$STAMPS/horovod-$TF"
 fi
 
-# 5. horovod_prio itself, editable, with its C++ op built against this TF.
-src_key=$(cat "$ROOT/setup.py" "$ROOT"/horovod_prio/cc/*.cc "$ROOT"/horovod_prio/cc/*.h 2>/dev/null | sha1sum | cut -c1-12)
-if [ ! -f "$STAMPS/prio-$src_key" ]; then
-  log "pip install -e . (builds the scheduler op)"
+# 5. horovod_prio itself, editable, with its two libraries: the scheduler and
+#    the TensorFlow kernels built against this TF. The stamp stands for the
+#    sources AND the built files: a missing library (make clean) rebuilds.
+src_key=$(cat "$ROOT/setup.py" "$ROOT/pyproject.toml" "$ROOT"/horovod_prio/scheduler/*.cc \
+  "$ROOT"/horovod_prio/scheduler/*.h "$ROOT"/horovod_prio/tensorflow/kernels/*.cc 2>/dev/null \
+  | sha1sum | cut -c1-12)
+tfv=$("$VPY" -c 'import importlib.metadata as m; print(m.version("tensorflow-cpu"))' 2>/dev/null \
+  || echo "$TF")
+libs=("$ROOT/horovod_prio/scheduler/libhvdprio_scheduler.so"
+      "$ROOT/horovod_prio/tensorflow/kernels/libhvdprio_tf_kernels_tf${tfv//./_}.so")
+built=1
+for f in "${libs[@]}"; do [ -f "$f" ] || built=0; done
+if [ ! -f "$STAMPS/prio-$src_key" ] || [ "$built" = 0 ]; then
+  log "pip install -e . (builds the scheduler and the TensorFlow kernels)"
   "$VPY" -m pip install -q --no-build-isolation --no-deps -e "$ROOT"
+  for f in "${libs[@]}"; do
+    [ -f "$f" ] || { echo "[install] build did not produce $f" >&2; exit 1; }
+  done
   rm -f "$STAMPS"/prio-*; touch "$STAMPS/prio-$src_key"
 fi
 log "ready: $VENV (TF $TF, horovod $HOROVOD_VERSION)"
