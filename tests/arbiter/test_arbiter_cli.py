@@ -15,7 +15,7 @@ from horovod_prio.arbiter.client import ArbiterClient
 
 pytestmark = pytest.mark.timeout(40)
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 SECRET = "cli-test-secret"
 
 
