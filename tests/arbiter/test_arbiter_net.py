@@ -1040,3 +1040,119 @@ def test_handshakes_cannot_fill_the_connection_table(server_factory, client_fact
     assert a.counters["fallback_grants"] == 0 and b.counters["fallback_grants"] == 0
     for s in idle + [extra, third]:
         s.close()
+
+
+# ------------------------------------------------------------------ cancel, classes, stats size
+def test_cancel_withdraws_pending_and_granted_requests_at_once(server_factory, client_factory):
+    srv = server_factory(credit_bytes=100, lease_seconds=30)
+    a, ga = client_factory(srv.address, "A")
+    b, gb = client_factory(srv.address, "B")
+    c, gc = client_factory(srv.address, "C")
+    a.request(key("hold"), 9, 100)
+    assert ga.wait_for("hold")
+    b.request(key("b-queued"), 5, 100)
+    c.request(key("c-queued"), 1, 100)
+    assert wait_until(lambda: link_stats(srv)["pending"] == 2)
+    assert b.cancel(key("b-queued")) is True         # pending at the arbiter: dropped now
+    assert wait_until(lambda: link_stats(srv)["pending"] == 1)
+    assert link_stats(srv)["cancelled"] == 1
+    assert a.cancel(key("hold")) is True             # granted: released now, not after the lease
+    assert gc.wait_for("c-queued")
+    time.sleep(0.1)
+    assert gb.calls == [] and b.counters["pending"] == 0 and b.counters["cancels"] == 1
+    assert a.complete(key("hold")) is False and a.cancel(key("hold")) is False
+    st = link_stats(srv)
+    assert st["expired_leases"] == 0 and st["completions"] == 1 and st["outstanding_grants"] == 1
+    for cl in (a, b, c):
+        assert cl.counters["fallback_grants"] == 0
+
+
+def test_no_on_grant_after_cancel_even_if_the_grant_arrives_late(client_factory):
+    """The arbiter's GRANT crosses the client's CANCEL on the wire: ignored."""
+    cancelled = []
+
+    def on_payload(conn, p):
+        kind = p[0]
+        if kind == P.T_REGISTER:
+            FakeArbiter.send(conn, P.enc_registered(10.0))
+        elif kind == P.T_REQUEST:
+            FakeArbiter.send(conn, P.enc_token(P.T_QUEUED, P.dec_request(p)[0]))
+        elif kind == P.T_CANCEL:
+            tok = P.dec_token(p)
+            cancelled.append(tok)
+            FakeArbiter.send(conn, P.enc_token(P.T_GRANT, tok))   # too late
+        elif kind == P.T_PING:
+            FakeArbiter.send(conn, P.enc_token(P.T_PONG, P.dec_token(p)))
+
+    fake = FakeArbiter(on_payload)
+    try:
+        c, g = client_factory(fake.address, "A", timeout=0.5)
+        c.request(key("x"), 1, 1)
+        assert wait_until(lambda: c.counters["pending"] == 1)
+        time.sleep(0.05)                             # QUEUED arrived
+        assert c.cancel(key("x")) is True
+        assert wait_until(lambda: cancelled == [key("x")])
+        c.request(key("y"), 1, 1)                    # the connection is still fine
+        time.sleep(0.2)
+        assert g.calls == [] and c.connected
+        assert c.counters["grants"] == 0 and c.counters["cancels"] == 1
+    finally:
+        fake.close()
+
+
+def test_job_class_outranks_priorities_but_the_low_class_progresses(server_factory, client_factory):
+    """A class-1 job keeps the link busy with priority-0 chunks; the class-0
+    job's priority-100 chunks wait behind them, yet each is granted once passed
+    over K times (starvation bound): the class-0 job still progresses."""
+    K = 2
+    srv = server_factory(credit_bytes=1, starvation_bound=K)
+    hi, ghi = client_factory(srv.address, "hi", job_class=1)
+    lo, glo = client_factory(srv.address, "lo")
+    sent = [0]
+
+    def ask(client, name, prio):
+        client.request(key(name), prio, 1)
+        sent[0] += 1
+        assert wait_until(lambda: (lambda st: st["waits"] + st["immediate_grants"])(link_stats(srv))
+                          == sent[0])           # the arbiter has it before the next step
+
+    ask(hi, "h0", 0)
+    assert ghi.wait_for("h0")
+    ask(lo, "l0", 100)
+    order, cur = [], "h0"
+    for i in range(1, 9):
+        ask(hi, "h%d" % i, 0)                       # the high class always has one waiting
+        if i == 4:
+            ask(lo, "l1", 100)
+        (lo if cur.startswith("l") else hi).complete(key(cur))
+        assert wait_until(lambda: len(ghi.calls) + len(glo.calls) == len(order) + 2)
+        cur = [n for n in ghi.calls + glo.calls if n not in order and n != "h0"][0]
+        order.append(cur)
+    # l0 passed over by h1, h2; l1 (asked after h4) by h5, h6
+    assert order == ["h1", "h2", "l0", "h3", "h4", "h5", "h6", "l1"]
+    st = link_stats(srv)
+    assert st["job_classes"] == {"hi": 1, "lo": 0}
+    assert st["starvation_grants"] == 2
+
+
+def test_stats_stay_valid_with_500_jobs_on_200_links(server_factory, client_factory):
+    """The JSON is far beyond one frame (64 KiB): it arrives in fragments and parses."""
+    srv = server_factory(credit_bytes=1 << 30)
+    a, ga = client_factory(srv.address, "real-job", link="link-000")
+
+    def populate():
+        for i in range(500):
+            job = srv.arbiter.register("job-%03d-%s" % (i, "x" * 80), "link-%03d" % (i % 200),
+                                       None, i % 3)
+            srv.arbiter.request(job, 1, 0, 1000, "c")
+    srv.call(populate)
+    st = fetch_stats(srv.address, SECRET, timeout=10)
+    size = len(__import__("json").dumps(st))
+    assert size > 2 * P.MAX_FRAME
+    assert len(st["links"]) == 200
+    jobs = {j for ln in st["links"].values() for j in ln["grants_per_job"]}
+    assert len(jobs) == 501
+    assert st["links"]["link-007"]["job_classes"]["job-007-" + "x" * 80] == 1
+    assert st["server"]["connected"] == 2            # the job and this stats connection
+    a.request(key("after-stats"), 1, 1)              # the service is unaffected
+    assert ga.wait_for("after-stats")
