@@ -83,6 +83,30 @@ def test_cli_errors_are_clear(tmp_path):
     assert r.returncode == 2
 
 
+def test_cli_reads_sizes_counts_and_seconds_with_the_projects_parsers(capsys):
+    """Same rules as the HOROVOD_PRIO_* variables (horovod_prio.method.units)."""
+    from horovod_prio.arbiter.cli import build_parser
+    from horovod_prio.method import units
+    p = build_parser()
+    a = p.parse_args(["--bind", "h:1", "--credit-bytes", "1MB", "--link-credit", "eth1=1.5KiB",
+                      "--link-credit", "eth2=2M", "--lease-seconds", "0.25", "--starvation-bound", "0",
+                      "--handshake-timeout", "1e-1", "--max-handshakes", "8"])
+    assert a.credit_bytes == units.parse_bytes("1MB") == 1000000
+    assert dict(a.link_credit) == {"eth1": 1536, "eth2": 2 << 20}
+    assert a.lease_seconds == 0.25 and a.starvation_bound == 0 and a.handshake_timeout == 0.1
+    assert a.max_handshakes == 8
+    for argv, rule in ((["--credit-bytes", "1.0001KiB"], units.bytes_rule(1)),
+                       (["--credit-bytes", "0"], units.bytes_rule(1)),
+                       (["--link-credit", "eth1=lots"], units.bytes_rule(1)),
+                       (["--starvation-bound", "2.5"], "an integer >= 0"),
+                       (["--lease-seconds", "nan"], "a finite number > 0 seconds"),
+                       (["--max-handshakes", "0"], "an integer >= 1")):
+        with pytest.raises(SystemExit):
+            p.parse_args(["--bind", "h:1"] + argv)
+        err = capsys.readouterr().err
+        assert argv[0] in err and rule in err, err
+
+
 def test_cli_serves_reports_stats_and_survives_kill_restart(tmp_path, caplog):
     secret_file = tmp_path / "secret"
     secret_file.write_text(SECRET + "\n")
