@@ -92,8 +92,9 @@ def _job(idx, addr, samples, interval, warmup, q, start_evt):
         return
     start_evt.wait(30)
     cpu0 = time.process_time()
-    rtts = _round_trips(lambda i: cl.request("c%d" % (i % 64), 100 + (i % 7), 1 << 16), on_grant,
-                        samples, warmup, interval, after=lambda i: cl.complete("c%d" % (i % 64)))
+    # key i: one ticket per request, as the job side's scheduler names them
+    rtts = _round_trips(lambda i: cl.request(i, 100 + (i % 7), 1 << 16, "c%d" % (i % 64)), on_grant,
+                        samples, warmup, interval, after=lambda i: cl.complete(i))
     if rtts is None:
         q.put((idx, None, "job %d: no grant within 5 s" % idx))
         return
@@ -367,6 +368,10 @@ def main(argv=None):
         if not m:
             raise SystemExit("arbiter did not start: %r" % line)
         addr = "%s:%s" % (m.group(1), m.group(2))
+        # an idle job that stays on link0 until the counters are read (the
+        # arbiter forgets a link, counters included, when its last job leaves)
+        from horovod_prio.arbiter.client import ArbiterClient
+        observer = ArbiterClient(addr, "link0", "observer", SECRET, lambda key: None, timeout=0.5)
         ctx = mp.get_context("spawn")
         q = ctx.Queue()
         start_evt = ctx.Event()
@@ -389,6 +394,7 @@ def main(argv=None):
         from horovod_prio.arbiter.client import fetch_stats
         stats = fetch_stats(addr, SECRET)
         srv_cpu = _proc_cpu_seconds(srv.pid)
+        observer.close()
     finally:
         srv.terminate()
         srv.wait(10)
