@@ -1156,3 +1156,43 @@ def test_stats_stay_valid_with_500_jobs_on_200_links(server_factory, client_fact
     assert st["server"]["connected"] == 2            # the job and this stats connection
     a.request(key("after-stats"), 1, 1)              # the service is unaffected
     assert ga.wait_for("after-stats")
+
+
+def test_cancel_during_its_on_grant_returns_after_it(server_factory, client_factory):
+    """cancel(key) while on_grant(key) runs in the I/O thread returns only once
+    that call returned, so no on_grant(key) runs after cancel; cancel from
+    inside on_grant (same thread) does not wait for itself."""
+    import threading as th
+    srv = server_factory(credit_bytes=1 << 20)
+    entered, release = th.Event(), th.Event()
+    calls = []
+    holder = {}
+
+    def on_grant(k):
+        if _NAMES[k] == "slow":
+            entered.set()
+            release.wait(5)
+        if _NAMES[k] == "self-cancel":
+            holder["self"] = holder["c"].cancel(k)
+        calls.append(_NAMES[k])
+
+    c, _ = client_factory(srv.address, "A", on_grant=on_grant)
+    holder["c"] = c
+    c.request(key("slow"), 1, 1)
+    assert entered.wait(5)
+    seen = {}
+
+    def cancel():
+        seen["ret"] = c.cancel(key("slow"))
+        seen["calls"] = list(calls)
+    t = th.Thread(target=cancel)
+    t.start()
+    t.join(0.3)
+    assert t.is_alive()                              # waits for the running on_grant
+    release.set()
+    t.join(5)
+    assert seen == {"ret": True, "calls": ["slow"]}  # it had returned before cancel did
+    c.request(key("self-cancel"), 1, 1)
+    assert wait_until(lambda: "self-cancel" in calls)
+    assert holder["self"] is True
+    assert c.counters["outstanding"] == 0 and c.counters["cancels"] == 2
