@@ -39,7 +39,13 @@ Leases: a grant not completed within ``lease_seconds`` expires; its bytes
 return to the link (counted in ``expired_leases``); :meth:`Arbiter.renew`
 restarts a grant's lease (the client renews grants it still holds).
 :meth:`Arbiter.drop` removes a disconnected job's grants and pending
-requests; a link with no job left is forgotten (its counters too).
+requests.
+
+State stays bounded however many jobs come and go: a link keeps the grant
+count of at most ``max_departed_jobs`` job ids that left it (besides the
+connected ones; oldest departure forgotten first), and at most
+``max_idle_links`` links without any job are kept (so their counters stay
+readable after a run); older idle links are forgotten (``pruned_links``).
 
 Cost per grant is O(log n) in the pending requests of the link:
 
@@ -108,7 +114,7 @@ class Request:
 
 
 class Link:
-    def __init__(self, name, credit):
+    def __init__(self, name, credit, max_departed):
         self.name = name
         self.credit = credit
         self.outstanding_bytes = 0
@@ -119,21 +125,39 @@ class Link:
         self.heap = []          # chunk order: (-class, -priority, seq, Request), lazy deletion
         self.jheap = []         # burst order: ((-class, -burst prio, burst seq), ver, Job), lazy
         self.jobs = set()
+        self.connected_ids = {}     # job_id -> connections with that id
+        self.per_job = {}           # job_id -> grants (connected and recently departed ids)
+        self.departed = OrderedDict()   # job_ids that left, oldest first (bounded)
+        self.max_departed = max_departed
         self.c = {"grants": 0, "immediate_grants": 0, "waits": 0, "wait_seconds_total": 0.0,
                   "wait_seconds_max": 0.0, "expired_leases": 0, "starvation_grants": 0,
                   "completions": 0, "cancelled": 0, "dropped": 0, "renewals": 0}
         self.bursts = 0         # bursts started (counted in both orders)
 
+    def join(self, job):
+        self.jobs.add(job)
+        self.connected_ids[job.job_id] = self.connected_ids.get(job.job_id, 0) + 1
+        self.departed.pop(job.job_id, None)
+
+    def leave(self, job):
+        self.jobs.discard(job)
+        jid = job.job_id
+        n = self.connected_ids[jid] - 1
+        if n:
+            self.connected_ids[jid] = n
+            return
+        del self.connected_ids[jid]
+        self.departed[jid] = None
+        while len(self.departed) > self.max_departed:
+            old, _ = self.departed.popitem(last=False)
+            self.per_job.pop(old, None)
+
     def stats(self):
         d = dict(self.c)
-        grants, classes = {}, {}
-        for j in self.jobs:
-            grants[j.job_id] = grants.get(j.job_id, 0) + j.grants
-            classes[j.job_id] = j.job_class
         d.update(connected_jobs=len(self.jobs), pending=self.npending,
                  outstanding_grants=self.outstanding, outstanding_bytes=self.outstanding_bytes,
-                 credit_bytes=self.credit, grants_per_job=grants, job_classes=classes,
-                 bursts=self.bursts)
+                 credit_bytes=self.credit, grants_per_job=dict(self.per_job),
+                 job_classes={j.job_id: j.job_class for j in self.jobs}, bursts=self.bursts)
         return d
 
 
@@ -148,7 +172,7 @@ class Arbiter:
 
     def __init__(self, credit_bytes=16 << 20, lease_seconds=10.0, starvation_bound=8,
                  link_credits=None, clock=time.monotonic, max_pending_per_job=1 << 16,
-                 order="burst"):
+                 order="burst", max_departed_jobs=256, max_idle_links=64):
         if order not in self.ORDERS:
             raise ValueError("order must be one of %s, got %r" % ("/".join(self.ORDERS), order))
         if credit_bytes < 1:
@@ -164,7 +188,10 @@ class Arbiter:
         self.clock = clock
         self.order = order
         self.max_pending_per_job = max_pending_per_job
+        self.max_departed_jobs = max_departed_jobs
+        self.max_idle_links = max_idle_links
         self.links = {}
+        self._idle = OrderedDict()      # names of links without jobs, oldest first
         self.pruned_links = 0
         self._leases = OrderedDict()    # Request -> None, by deadline (grant or last renewal)
         self._seq = 0
@@ -173,28 +200,32 @@ class Arbiter:
     def register(self, job_id, link, peer=None, job_class=0):
         ln = self.links.get(link)
         if ln is None:
-            ln = self.links[link] = Link(link, self.link_credits.get(link, self.credit_bytes))
+            ln = self.links[link] = Link(link, self.link_credits.get(link, self.credit_bytes),
+                                         self.max_departed_jobs)
+        self._idle.pop(link, None)
         job = Job(job_id, link, peer, job_class)
-        ln.jobs.add(job)
+        ln.join(job)
         return job
 
     def drop(self, job):
-        """Forget a disconnected job: its pending requests and grants. A link
-        left without jobs is forgotten too."""
+        """Forget a disconnected job: its pending requests and grants."""
         ln = self.links.get(job.link)
         if ln is None or job not in ln.jobs:
             return []
-        ln.jobs.discard(job)
+        ln.leave(job)
         for r in list(job.reqs.values()):
             self._remove(ln, r)
             ln.c["dropped"] += 1
         job.reqs.clear()
         job.heap = []
-        if not ln.jobs:
-            del self.links[job.link]    # nothing pending or granted is left on it
+        if ln.jobs:
+            return self._schedule(ln, self.clock())
+        self._idle[ln.name] = None          # nothing pending or granted is left on it
+        while len(self._idle) > self.max_idle_links:
+            name, _ = self._idle.popitem(last=False)
+            del self.links[name]
             self.pruned_links += 1
-            return []
-        return self._schedule(ln, self.clock())
+        return []
 
     # ------------------------------------------------------------ requests
     def request(self, job, token, priority, nbytes, chunk=""):
@@ -382,6 +413,7 @@ class Arbiter:
             if w > c["wait_seconds_max"]:
                 c["wait_seconds_max"] = w
             r.job.grants += 1
+            ln.per_job[r.job.job_id] = ln.per_job.get(r.job.job_id, 0) + 1
             out.append(r)
         return out
 

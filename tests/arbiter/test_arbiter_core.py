@@ -596,21 +596,48 @@ def test_renew_keeps_a_grant_past_its_lease():
     assert a.renew(B, 2) is False               # pending, not granted
 
 
-def test_state_of_departed_jobs_and_links_is_pruned():
-    a, _ = mk(credit=100)
-    jobs = [a.register("job%d" % i, "link%d" % (i % 3)) for i in range(9)]
-    for i, j in enumerate(jobs):
-        a.request(j, 1, 0, 100, "x")
-    for j in jobs[:8]:
+def test_state_of_departed_jobs_and_links_stays_bounded():
+    """Jobs and links come and go: a link keeps the grant counts of its
+    connected jobs and of the last max_departed_jobs ids that left; at most
+    max_idle_links links without jobs are kept (readable after a run)."""
+    a, _ = mk(credit=1000, max_departed_jobs=3, max_idle_links=2)
+    keep = a.register("keeper", "L")
+    a.request(keep, 1, 0, 100)
+    for i in range(10):                             # churn of job ids on L
+        j = a.register("job%d" % i, "L", job_class=i % 2)
+        a.request(j, 1, 0, 1)
         a.drop(j)
-    assert list(a.links) == ["link2"] and a.pruned_links == 2
-    assert a.stats()["link2"]["grants_per_job"] == {"job8": 1}
-    assert a.stats()["link2"]["job_classes"] == {"job8": 0}
-    a.drop(jobs[8])
-    assert a.links == {} and a.stats() == {} and a.next_expiry() is None
-    a.drop(jobs[8])                             # twice: harmless
-    j = a.register("again", "link0")            # a pruned link comes back with its credit
-    assert len(a.request(j, 1, 0, 100)) == 1
+    st = a.stats()["L"]
+    assert st["grants_per_job"] == {"keeper": 1, "job7": 1, "job8": 1, "job9": 1}
+    assert st["job_classes"] == {"keeper": 0} and st["connected_jobs"] == 1
+    twin1, twin2 = a.register("twin", "L"), a.register("twin", "L")     # a job that reconnects
+    a.complete(keep, 1)
+    a.request(twin1, 1, 0, 1)
+    a.drop(twin1)
+    a.request(twin2, 1, 0, 1)
+    assert a.stats()["L"]["grants_per_job"]["twin"] == 2     # one id, counted across connections
+    back = a.register("back", "L")                  # leaves, comes back: connected again ...
+    a.request(back, 1, 0, 1)
+    a.drop(back)
+    back = a.register("back", "L")
+    for i in range(5):                              # ... so later departures never evict it
+        a.drop(a.register("gone%d" % i, "L"))
+    assert a.stats()["L"]["grants_per_job"]["back"] == 1
+    for n in range(5):                              # links whose last job left
+        j = a.register("j", "link%d" % n)
+        a.request(j, 1, 0, 100)
+        a.drop(j)
+    assert sorted(a.links) == ["L", "link3", "link4"] and a.pruned_links == 3
+    assert a.stats()["link4"]["grants_per_job"] == {"j": 1}    # still readable after the run
+    assert a.stats()["link4"]["connected_jobs"] == 0
+    j = a.register("again", "link4")                # an idle link comes back with its counters
+    assert len(a.request(j, 1, 0, 100)) == 1 and a.stats()["link4"]["grants"] == 2
+    for jb in (keep, twin2, back, j):
+        a.drop(jb)
+    a.drop(j)                                       # twice: harmless
+    assert len(a.links) == 2 and a.next_expiry() is None
+    j = a.register("new", "link0")                  # a pruned link comes back with its credit
+    assert len(a.request(j, 1, 0, 100)) == 1 and a.stats()["link0"]["grants"] == 1
 
 
 def test_frame_reader_splits_any_chunking():

@@ -214,7 +214,7 @@ def test_fuzzed_frames_never_crash_or_grant_to_unauthenticated_peers():
             # every fuzz connection is gone; only the honest job is registered
             assert wait_until(lambda: srv.call(lambda: len(srv.conns)) == 1), action
             links = srv.call(lambda: srv.stats()["links"])
-            assert set(links) == {"L"} and links["L"]["grants_per_job"].keys() == {"honest"}
+            assert set(links) == {"L"} and links["L"]["job_classes"].keys() == {"honest"}
             # and it is still served by the arbiter
             n[0] += 1
             honest.request(n[0], 1, 1)
