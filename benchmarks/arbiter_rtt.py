@@ -368,10 +368,6 @@ def main(argv=None):
         if not m:
             raise SystemExit("arbiter did not start: %r" % line)
         addr = "%s:%s" % (m.group(1), m.group(2))
-        # an idle job that stays on link0 until the counters are read (the
-        # arbiter forgets a link, counters included, when its last job leaves)
-        from horovod_prio.arbiter.client import ArbiterClient
-        observer = ArbiterClient(addr, "link0", "observer", SECRET, lambda key: None, timeout=0.5)
         ctx = mp.get_context("spawn")
         q = ctx.Queue()
         start_evt = ctx.Event()
@@ -394,7 +390,6 @@ def main(argv=None):
         from horovod_prio.arbiter.client import fetch_stats
         stats = fetch_stats(addr, SECRET)
         srv_cpu = _proc_cpu_seconds(srv.pid)
-        observer.close()
     finally:
         srv.terminate()
         srv.wait(10)
