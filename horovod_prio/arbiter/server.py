@@ -186,11 +186,10 @@ class _Conn:
         elif kind == P.T_STATS:
             if len(p) != 1:
                 raise P.ProtocolError("trailing bytes in STATS")
-            parts = collections.deque(P.enc_stats_parts(json.dumps(srv.stats(), sort_keys=True)))
             if self.stats_parts:
-                self.stats_parts.extend(parts)
-            else:
-                self.stats_parts = parts
+                raise P.ProtocolError("STATS while the previous reply is still unread")
+            self.stats_parts = collections.deque(
+                P.enc_stats_parts(json.dumps(srv.stats(), sort_keys=True)))
             self._pump_stats()
             self._sync()
         else:
