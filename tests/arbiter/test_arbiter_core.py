@@ -511,7 +511,8 @@ def test_grant_sequence_equals_the_naive_model(seed, order):
             tok += 1
             prio, nbytes = rng.randint(-3, 3), rng.choice([0, 1, 10, 60, 100, 300])
             live.append((n, tok))
-            assert got(a.request(jobs[n], tok, prio, nbytes)) == m.request(n, tok, prio, nbytes, clock.t), step
+            want = m.request(n, tok, prio, nbytes, clock.t)
+            assert got(a.request(jobs[n], tok, prio, nbytes)) == want, step
         elif op < 0.8:
             n, t = rng.choice(live)             # completes a grant or cancels a pending one
             live.remove((n, t))
