@@ -201,10 +201,12 @@ class ArbiterClient:
             if req is None:
                 return False
             req.cancelled = True
-            self._c["cancels"] += 1
             if self._delivering is req and threading.current_thread() is not self._thread:
                 # its on_grant is running: let it return, so none runs after us
                 self._delivered_cv.wait_for(lambda: self._delivering is not req)
+                if self._reqs.get(key) is not req:
+                    return False        # on_grant completed (or cancelled) it meanwhile
+            self._c["cancels"] += 1
             self._forget(req, P.T_CANCEL)
             wake = self._needs_io()
         if wake:

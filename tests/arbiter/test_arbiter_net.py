@@ -1171,9 +1171,11 @@ def test_cancel_during_its_on_grant_returns_after_it(server_factory, client_fact
     holder = {}
 
     def on_grant(k):
-        if _NAMES[k] == "slow":
+        if _NAMES[k] in ("slow", "slow-completes"):
             entered.set()
             release.wait(5)
+        if _NAMES[k] == "slow-completes":
+            holder["c"].complete(k)
         if _NAMES[k] == "self-cancel":
             holder["self"] = holder["c"].cancel(k)
         calls.append(_NAMES[k])
@@ -1197,4 +1199,15 @@ def test_cancel_during_its_on_grant_returns_after_it(server_factory, client_fact
     c.request(key("self-cancel"), 1, 1)
     assert wait_until(lambda: "self-cancel" in calls)
     assert holder["self"] is True
+    # on_grant completes its own key while a cancel of it waits: nothing left to withdraw
+    entered.clear()
+    release.clear()
+    c.request(key("slow-completes"), 1, 1)
+    assert entered.wait(5)
+    t = th.Thread(target=lambda: seen.update(late=c.cancel(key("slow-completes"))))
+    t.start()
+    t.join(0.3)
+    release.set()
+    t.join(5)
+    assert seen["late"] is False and "slow-completes" in calls
     assert c.counters["outstanding"] == 0 and c.counters["cancels"] == 2
