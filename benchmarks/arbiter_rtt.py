@@ -11,6 +11,7 @@ p50/p90/p99/max over all jobs' samples and the arbiter's counters as JSON.
     python -m benchmarks.arbiter_rtt --jobs 8 --samples 2000 --interval 0.001
     python -m benchmarks.arbiter_rtt --jobs 8 --baseline   # the machine's floor
     python -m benchmarks.arbiter_rtt --jobs 8 --grpc       # the transport not chosen
+    python -m benchmarks.arbiter_rtt --grant-rate          # grant policy alone, grants/s
 
 ``--baseline`` runs the same job structure (I/O thread + callback + Event)
 against a bare ``selectors`` echo (no auth, no policy): what any Python
@@ -20,6 +21,14 @@ bound for a gRPC arbiter. Also reported: CPU per grant of the arbiter and of
 the jobs (load-independent), and the 1-minute load average.
 
 Target (issue 5): p99 <= 300 us with 8 jobs connected.
+
+``--grant-rate`` measures the grant policy alone (``core.Arbiter``, in
+process, no sockets): ``--rate-jobs`` jobs on one link each keep
+``--rate-pending`` requests pending (random priorities 0..7, one chunk of
+credit, so every completion grants exactly one request), and the loop
+completes the outstanding grant and re-requests ``--rate-grants`` times.
+Prints grants/s per order, with starvation bound 0 (every grant by the
+order) and 8 (the default; this workload then grants mostly by the bound).
 """
 import argparse
 import json
@@ -83,8 +92,9 @@ def _job(idx, addr, samples, interval, warmup, q, start_evt):
         return
     start_evt.wait(30)
     cpu0 = time.process_time()
-    rtts = _round_trips(lambda i: cl.request("c%d" % (i % 64), 100 + (i % 7), 1 << 16), on_grant,
-                        samples, warmup, interval, after=lambda i: cl.complete("c%d" % (i % 64)))
+    # key i: one ticket per request, as the job side's scheduler names them
+    rtts = _round_trips(lambda i: cl.request(i, 100 + (i % 7), 1 << 16, "c%d" % (i % 64)), on_grant,
+                        samples, warmup, interval, after=lambda i: cl.complete(i))
     if rtts is None:
         q.put((idx, None, "job %d: no grant within 5 s" % idx))
         return
@@ -272,6 +282,51 @@ def _baseline(args):
     return _summary(args, all_rtts, errors, {"baseline": "grpc" if args.grpc else "echo"})
 
 
+def grant_rate(arbiter_cls, jobs=64, pending=64, grants=20000, order="burst", bound=8, seed=1):
+    """Grants per second of ``arbiter_cls`` (the grant policy alone) with ``jobs``
+    jobs x ``pending`` pending requests on one link; also returns the grant
+    sequence (job index, priority) so two implementations can be compared."""
+    import random
+    rng = random.Random(seed)
+    arb = arbiter_cls(credit_bytes=1, lease_seconds=1e9, starvation_bound=bound, order=order)
+    handles = [arb.register("job%d" % j, "link0") for j in range(jobs)]
+    tokens = [0] * jobs
+    seq = []
+
+    def ask(j):
+        tokens[j] += 1
+        return arb.request(handles[j], tokens[j], rng.randrange(8), 1)
+
+    out = []
+    for _ in range(pending):
+        for j in range(jobs):
+            out += ask(j)
+    (cur,) = out
+    t0 = time.perf_counter()
+    for _ in range(grants):
+        j = int(cur.job.job_id[3:])
+        seq.append((j, cur.priority))
+        (cur,) = arb.complete(cur.job, cur.token) + ask(j)
+    dt = time.perf_counter() - t0
+    return grants / dt, seq
+
+
+def _grant_rate_main(args):
+    from horovod_prio.arbiter.core import Arbiter
+    res = {"jobs": args.rate_jobs, "pending_per_job": args.rate_pending, "grants": args.rate_grants,
+           "python": sys.version.split()[0], "loadavg_1m": round(os.getloadavg()[0], 2)}
+    for bound in (0, 8):
+        for order in Arbiter.ORDERS:
+            rate, _ = grant_rate(Arbiter, args.rate_jobs, args.rate_pending, args.rate_grants, order,
+                                 bound)
+            res["grants_per_s_%s_K%d" % (order, bound)] = round(rate)
+            if not args.json:
+                print("%s order, starvation bound %d: %d grants/s (%d jobs x %d pending)"
+                      % (order, bound, rate, args.rate_jobs, args.rate_pending))
+    print(json.dumps(res, sort_keys=True))
+    return 0
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--jobs", type=int, default=8)
@@ -289,8 +344,16 @@ def main(argv=None):
     ap.add_argument("--baseline", action="store_true",
                     help="measure the machine's floor instead: bare selectors echo server, same "
                          "job structure (I/O thread + callback), no auth/policy")
+    ap.add_argument("--grant-rate", action="store_true",
+                    help="measure the grant policy alone (in process): grants/s with --rate-jobs "
+                         "jobs x --rate-pending pending requests")
+    ap.add_argument("--rate-jobs", type=int, default=64)
+    ap.add_argument("--rate-pending", type=int, default=64)
+    ap.add_argument("--rate-grants", type=int, default=20000)
     args = ap.parse_args(argv)
 
+    if args.grant_rate:
+        return _grant_rate_main(args)
     if args.baseline or args.grpc:
         return _baseline(args)
     env = dict(os.environ, HOROVOD_PRIO_ARBITER_SECRET=SECRET,

@@ -3,11 +3,15 @@
     horovod-prio arbiter --bind HOST:PORT [--secret-file F] [--credit-bytes N]
                          [--link-credit LINK=N ...] [--lease-seconds S]
                          [--starvation-bound K] [--order burst|chunk]
-                         [--log-level LEVEL]
+                         [--handshake-timeout S] [--max-connections N]
+                         [--max-handshakes N] [--log-level LEVEL]
     horovod-prio arbiter --stats HOST:PORT [--secret-file F]
 
 The secret comes from ``--secret-file`` (whole file, surrounding whitespace
 stripped) or else the environment variable ``HOROVOD_PRIO_ARBITER_SECRET``.
+Byte sizes, counts and seconds are read by :mod:`horovod_prio.method.units`,
+the parsers of the ``HOROVOD_PRIO_*`` variables (``16MiB``, ``1.5MiB``,
+``1MB`` = 10^6 bytes; a bad value exits 2 naming the option and the rule).
 """
 import argparse
 import json
@@ -16,53 +20,25 @@ import os
 import signal
 import sys
 
+from horovod_prio.method import units
+
+from . import protocol as P
 from .core import Arbiter
 
 SECRET_ENV = "HOROVOD_PRIO_ARBITER_SECRET"
 
-
-def _size(text):
-    t = text.strip().lower()
-    mult = 1
-    for suffix, m in (("kib", 1 << 10), ("mib", 1 << 20), ("gib", 1 << 30),
-                      ("k", 1 << 10), ("m", 1 << 20), ("g", 1 << 30)):
-        if t.endswith(suffix):
-            t, mult = t[:-len(suffix)], m
-            break
-    try:
-        v = int(float(t) * mult)
-    except ValueError:
-        raise argparse.ArgumentTypeError("expected a byte count like 8388608 or 8MiB, got %r" % text)
-    if v < 1:
-        raise argparse.ArgumentTypeError("byte count must be >= 1, got %r" % text)
-    return v
+# the project's parsers, as for the HOROVOD_PRIO_* variables
+_bytes = units.arg(units.parse_bytes, 1)
+_seconds = units.arg(units.parse_float, 0, strict=True, unit=" seconds")
+_count = units.arg(units.parse_int, 0)
+_positive_count = units.arg(units.parse_int, 1)
 
 
 def _link_credit(text):
     name, sep, val = text.partition("=")
     if not sep or not name:
-        raise argparse.ArgumentTypeError("--link-credit expects LINK=BYTES, got %r" % text)
-    return name, _size(val)
-
-
-def _positive(text):
-    try:
-        v = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError("expected seconds > 0, got %r" % text)
-    if not v > 0:
-        raise argparse.ArgumentTypeError("expected seconds > 0, got %r" % text)
-    return v
-
-
-def _nonneg_int(text):
-    try:
-        v = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError("expected an integer >= 0, got %r" % text)
-    if v < 0:
-        raise argparse.ArgumentTypeError("expected an integer >= 0, got %r" % text)
-    return v
+        raise argparse.ArgumentTypeError("expected LINK=BYTES, got %r" % text)
+    return name, _bytes(val)
 
 
 def build_parser():
@@ -73,20 +49,26 @@ def build_parser():
     mode.add_argument("--stats", metavar="HOST:PORT", help="print a running arbiter's counters as JSON")
     p.add_argument("--secret-file", metavar="F",
                    help="file holding the shared secret (default: env %s)" % SECRET_ENV)
-    p.add_argument("--credit-bytes", type=_size, default=16 << 20, metavar="N",
+    p.add_argument("--credit-bytes", type=_bytes, default=16 << 20, metavar="N",
                    help="granted-but-unfinished bytes allowed per link (default 16MiB)")
     p.add_argument("--link-credit", type=_link_credit, action="append", default=[], metavar="LINK=N",
                    help="credit for one link (repeatable)")
-    p.add_argument("--lease-seconds", type=_positive, default=10.0, metavar="S",
+    p.add_argument("--lease-seconds", type=_seconds, default=10.0, metavar="S",
                    help="a grant not completed within S seconds expires (default 10)")
-    p.add_argument("--starvation-bound", type=_nonneg_int, default=8, metavar="K",
+    p.add_argument("--starvation-bound", type=_count, default=8, metavar="K",
                    help="a request passed over K times is granted next (default 8; 0 = off)")
     p.add_argument("--order", choices=Arbiter.ORDERS, default="burst",
                    help="cross-job order: 'burst' = by the priority of the job's current burst "
                         "(its step's chunks: the highest priority it requested), bursts in start "
                         "order, then the request's own priority; 'chunk' = each request by its "
                         "own priority, ties in arrival order (default burst)")
-    p.add_argument("--timeout", type=_positive, default=2.0, help="--stats: seconds to wait (default 2)")
+    p.add_argument("--handshake-timeout", type=_seconds, default=2.0, metavar="S",
+                   help="a connection not authenticated within S seconds is closed (default 2)")
+    p.add_argument("--max-connections", type=_positive_count, default=1024, metavar="N",
+                   help="authenticated connections (jobs, --stats) at most (default 1024)")
+    p.add_argument("--max-handshakes", type=_positive_count, default=64, metavar="N",
+                   help="connections still in the handshake at most (default 64)")
+    p.add_argument("--timeout", type=_seconds, default=2.0, help="--stats: seconds to wait (default 2)")
     p.add_argument("--log-level", default="INFO",
                    choices=["DEBUG", "INFO", "WARNING", "ERROR", "debug", "info", "warning", "error"])
     return p
@@ -95,14 +77,9 @@ def build_parser():
 def _secret(args):
     if args.secret_file:
         try:
-            with open(args.secret_file, "rb") as f:
-                s = f.read().strip()
-        except OSError as e:
-            raise SystemExit("horovod-prio arbiter: cannot read --secret-file %r: %s"
-                             % (args.secret_file, e.strerror))
-        if not s:
-            raise SystemExit("horovod-prio arbiter: --secret-file %r is empty" % args.secret_file)
-        return s
+            return P.read_secret_file(args.secret_file, "--secret-file")
+        except ValueError as e:
+            raise SystemExit("horovod-prio arbiter: %s" % e)
     s = os.environ.get(SECRET_ENV, "").strip()
     if not s:
         raise SystemExit("horovod-prio arbiter: no shared secret: pass --secret-file F or set %s"
@@ -138,7 +115,9 @@ def main(argv=None):
     from .server import ArbiterServer
     srv = ArbiterServer(addr[0], addr[1], secret, credit_bytes=args.credit_bytes,
                         lease_seconds=args.lease_seconds, starvation_bound=args.starvation_bound,
-                        link_credits=dict(args.link_credit), order=args.order)
+                        link_credits=dict(args.link_credit), order=args.order,
+                        handshake_timeout=args.handshake_timeout,
+                        max_connections=args.max_connections, max_handshakes=args.max_handshakes)
     try:
         host, port = srv.start()
     except OSError as e:

@@ -1,22 +1,28 @@
 """Grant policy of the link arbiter (no I/O, no threads; pure Python).
 
 Per link, the arbiter grants the most urgent pending request across all jobs
-(larger ``priority`` = more urgent) while the granted-but-unfinished bytes on
-that link stay within the link's credit. Two orders:
+while the granted-but-unfinished bytes on that link stay within the link's
+credit. Urgency compares, in this order:
 
-* ``order="chunk"``: strictly by the request's own priority; equal priorities
-  in arrival order.
-* ``order="burst"`` (the default): a job's *burst* is the stretch during
-  which it has requests pending or granted on the link (in training: one
-  step's gradient chunks). A request ranks by its burst's priority -- the
-  highest priority the job has requested in that burst -- then by which
-  burst started first, then by its own priority, then by arrival. The step of a data-parallel job ends
-  only when its last chunk is reduced, so every chunk of a burst blocks the
-  job as long as its most urgent one; comparing bursts makes a boosted job
-  (the monitor's raise) win the link for its whole step, and lets jobs with
-  equal priorities take turns instead of interleaving chunk by chunk (which
-  stretches every job's step). Priorities stay on the one scale of the gates
-  (base + boost x step); within a job the order is the job's own.
+1. the job's **class** (``job_class``, an integer given at registration;
+   ``HOROVOD_PRIO_JOB_PRIORITY`` on the job side): every request of a higher
+   class outranks every request of a lower class;
+2. within a class, the ``order``:
+
+   * ``"burst"`` (the default): a job's *burst* is the stretch during which it
+     has requests pending or granted on the link (in training: one step's
+     gradient chunks). A request ranks by its burst's priority -- the highest
+     priority the job has requested in that burst -- then by which burst
+     started first, then by its own priority, then by arrival. A data-parallel
+     step ends only when its last chunk is reduced, so every chunk of a burst
+     blocks the job as long as its most urgent one: comparing bursts lets a
+     boosted job (the monitor's raise) win the link for its whole step, and
+     lets jobs of equal priority take turns instead of interleaving chunk by
+     chunk.
+   * ``"chunk"``: the request's own priority; equal priorities in arrival order.
+
+   Larger ``priority`` = more urgent, on the one scale of the gates
+   (base + boost x step).
 
 A request larger than the credit is granted alone once nothing is
 outstanding. Strict order: if the head does not fit, nothing behind it is
@@ -24,12 +30,37 @@ granted either (small low-priority chunks never overtake a big urgent one).
 
 Starvation bound ``K``: a pending request is *passed over* each time a request
 that arrived after it is granted; once passed over ``K`` times it is granted
-next regardless of priority (oldest such request first; still subject to the
-credit). ``K = 0`` disables the bound.
+next regardless of class and priority (oldest such request first; still
+subject to the credit). ``K = 0`` disables the bound. So a lower class still
+progresses while a higher class keeps the link busy: at least one of its
+requests per ``K + 1`` grants.
 
 Leases: a grant not completed within ``lease_seconds`` expires; its bytes
-return to the link (counted in ``expired_leases``). :meth:`Arbiter.drop`
-removes a disconnected job's grants and pending requests.
+return to the link (counted in ``expired_leases``); :meth:`Arbiter.renew`
+restarts a grant's lease (the client renews grants it still holds).
+:meth:`Arbiter.drop` removes a disconnected job's grants and pending
+requests.
+
+State stays bounded however many jobs come and go: a link keeps the grant
+count of at most ``max_departed_jobs`` job ids that left it (besides the
+connected ones; oldest departure forgotten first), and at most
+``max_idle_links`` links without any job are kept (so their counters stay
+readable after a run); older idle links are forgotten (``pruned_links``).
+
+Cost per grant is O(log n) in the pending requests of the link:
+
+* "chunk": one heap of (class, priority, arrival);
+* "burst": per job a heap of its pending requests (priority, arrival) and per
+  link a heap of jobs keyed (class, burst priority, burst start) -- a job's
+  key changes only when it requests, so its entry is re-pushed then and stale
+  entries are skipped (and compacted when they outnumber the live ones);
+* starvation: every pending request older than a granted one is passed over,
+  i.e. the pass count only grows towards the oldest, so only the oldest
+  pending request can be the next starved one. The counts are kept as
+  increments on a list of the pending requests in arrival order: a grant adds
+  1 to the request just before it in that list (meaning "+1 for it and
+  everything older"), a removed request hands its increment to the one
+  before it, and the oldest request's count is the sum of all increments.
 
 Every mutating call returns the list of :class:`Request` objects granted as
 a consequence (possibly other jobs' requests); the caller sends the GRANTs.
@@ -44,22 +75,26 @@ PENDING, GRANTED, DONE = 0, 1, 2
 class Job:
     """One registered connection (rank 0 of one job on one link)."""
 
-    __slots__ = ("job_id", "link", "reqs", "grants", "peer", "burst_priority", "burst_seq",
-                 "__weakref__")
+    __slots__ = ("job_id", "link", "job_class", "reqs", "grants", "peer", "burst_priority",
+                 "burst_seq", "heap", "npending", "hver", "__weakref__")
 
-    def __init__(self, job_id, link, peer=None):
+    def __init__(self, job_id, link, peer=None, job_class=0):
         self.job_id = job_id
         self.link = link
+        self.job_class = job_class
         self.reqs = {}          # token -> Request (pending or granted)
         self.grants = 0
         self.peer = peer        # opaque: the server's connection object
         self.burst_priority = None  # max priority requested in the current burst (None: idle)
         self.burst_seq = 0          # when the current burst started (link-wide counter)
+        self.heap = []          # burst order: (-priority, seq, Request) of pending, lazy deletion
+        self.npending = 0
+        self.hver = 0           # version of the job's live entry in the link's job heap
 
 
 class Request:
     __slots__ = ("job", "token", "chunk", "priority", "nbytes", "seq", "t_arrival",
-                 "passed", "state", "deadline")
+                 "state", "deadline", "prev", "next", "tag")
 
     def __init__(self, job, token, chunk, priority, nbytes, seq, now):
         self.job = job
@@ -69,36 +104,65 @@ class Request:
         self.nbytes = nbytes
         self.seq = seq
         self.t_arrival = now
-        self.passed = 0
         self.state = PENDING
         self.deadline = None
+        self.prev = self.next = None    # neighbours in the link's arrival-ordered pending list
+        self.tag = 0                    # pass-over increments for this request and all older
 
     def __repr__(self):
         return "Request(%s/%s prio=%d bytes=%d)" % (self.job.job_id, self.chunk, self.priority, self.nbytes)
 
 
 class Link:
-    def __init__(self, name, credit):
+    def __init__(self, name, credit, max_departed):
         self.name = name
         self.credit = credit
         self.outstanding_bytes = 0
         self.outstanding = 0
-        self.pending = {}       # seq -> Request, arrival order
-        self.heap = []          # (-priority, seq, Request), lazy deletion
-        self.starving = []      # (seq, Request), lazy deletion
+        self.first = self.last = None   # pending requests, arrival order
+        self.npending = 0
+        self.passed = 0                 # pass-over count of the oldest pending request
+        self.heap = []          # chunk order: (-class, -priority, seq, Request), lazy deletion
+        self.jheap = []         # burst order: ((-class, -burst prio, burst seq), ver, Job), lazy
         self.jobs = set()
+        self.connected_ids = {}     # job_id -> connections with that id
+        self.per_job = {}           # job_id -> grants (connected and recently departed ids)
+        self.departed = OrderedDict()   # job_ids that left, oldest first (bounded)
+        self.max_departed = max_departed
         self.c = {"grants": 0, "immediate_grants": 0, "waits": 0, "wait_seconds_total": 0.0,
                   "wait_seconds_max": 0.0, "expired_leases": 0, "starvation_grants": 0,
-                  "completions": 0, "cancelled": 0, "dropped": 0}
-        self.per_job = {}       # job_id -> grants
+                  "completions": 0, "cancelled": 0, "dropped": 0, "renewals": 0}
         self.bursts = 0         # bursts started (counted in both orders)
+
+    def join(self, job):
+        self.jobs.add(job)
+        self.connected_ids[job.job_id] = self.connected_ids.get(job.job_id, 0) + 1
+        self.departed.pop(job.job_id, None)
+
+    def leave(self, job):
+        self.jobs.discard(job)
+        jid = job.job_id
+        n = self.connected_ids[jid] - 1
+        if n:
+            self.connected_ids[jid] = n
+            return
+        del self.connected_ids[jid]
+        self.departed[jid] = None
+        while len(self.departed) > self.max_departed:
+            old, _ = self.departed.popitem(last=False)
+            self.per_job.pop(old, None)
 
     def stats(self):
         d = dict(self.c)
-        d.update(connected_jobs=len(self.jobs), pending=len(self.pending),
+        d.update(connected_jobs=len(self.jobs), pending=self.npending,
                  outstanding_grants=self.outstanding, outstanding_bytes=self.outstanding_bytes,
-                 credit_bytes=self.credit, grants_per_job=dict(self.per_job), bursts=self.bursts)
+                 credit_bytes=self.credit, grants_per_job=dict(self.per_job),
+                 job_classes={j.job_id: j.job_class for j in self.jobs}, bursts=self.bursts)
         return d
+
+
+def _job_key(job):
+    return (-job.job_class, -job.burst_priority, job.burst_seq)
 
 
 class Arbiter:
@@ -108,7 +172,7 @@ class Arbiter:
 
     def __init__(self, credit_bytes=16 << 20, lease_seconds=10.0, starvation_bound=8,
                  link_credits=None, clock=time.monotonic, max_pending_per_job=1 << 16,
-                 order="burst"):
+                 order="burst", max_departed_jobs=256, max_idle_links=64):
         if order not in self.ORDERS:
             raise ValueError("order must be one of %s, got %r" % ("/".join(self.ORDERS), order))
         if credit_bytes < 1:
@@ -124,28 +188,44 @@ class Arbiter:
         self.clock = clock
         self.order = order
         self.max_pending_per_job = max_pending_per_job
+        self.max_departed_jobs = max_departed_jobs
+        self.max_idle_links = max_idle_links
         self.links = {}
-        self._leases = OrderedDict()    # Request -> None, in grant order (deadlines ascend)
+        self._idle = OrderedDict()      # names of links without jobs, oldest first
+        self.pruned_links = 0
+        self._leases = OrderedDict()    # Request -> None, by deadline (grant or last renewal)
         self._seq = 0
 
     # ------------------------------------------------------------ jobs
-    def register(self, job_id, link, peer=None):
+    def register(self, job_id, link, peer=None, job_class=0):
         ln = self.links.get(link)
         if ln is None:
-            ln = self.links[link] = Link(link, self.link_credits.get(link, self.credit_bytes))
-        job = Job(job_id, link, peer)
-        ln.jobs.add(job)
+            ln = self.links[link] = Link(link, self.link_credits.get(link, self.credit_bytes),
+                                         self.max_departed_jobs)
+        self._idle.pop(link, None)
+        job = Job(job_id, link, peer, job_class)
+        ln.join(job)
         return job
 
     def drop(self, job):
         """Forget a disconnected job: its pending requests and grants."""
-        ln = self.links[job.link]
-        ln.jobs.discard(job)
+        ln = self.links.get(job.link)
+        if ln is None or job not in ln.jobs:
+            return []
+        ln.leave(job)
         for r in list(job.reqs.values()):
             self._remove(ln, r)
             ln.c["dropped"] += 1
         job.reqs.clear()
-        return self._schedule(ln, self.clock())
+        job.heap = []
+        if ln.jobs:
+            return self._schedule(ln, self.clock())
+        self._idle[ln.name] = None          # nothing pending or granted is left on it
+        while len(self._idle) > self.max_idle_links:
+            name, _ = self._idle.popitem(last=False)
+            del self.links[name]
+            self.pruned_links += 1
+        return []
 
     # ------------------------------------------------------------ requests
     def request(self, job, token, priority, nbytes, chunk=""):
@@ -158,16 +238,30 @@ class Arbiter:
         now = self.clock()
         self._seq += 1
         r = Request(job, token, chunk, priority, nbytes, self._seq, now)
+        rekey = job.npending == 0
         if not job.reqs:                        # idle -> a new burst starts
             ln.bursts += 1
             job.burst_seq = ln.bursts
             job.burst_priority = priority
+            rekey = True
         elif priority > job.burst_priority:
             job.burst_priority = priority
+            rekey = True
         job.reqs[token] = r
-        ln.pending[r.seq] = r
+        job.npending += 1
+        ln.npending += 1
+        if ln.last is None:
+            ln.first = ln.last = r
+        else:
+            r.prev, ln.last.next = ln.last, r
+            ln.last = r
         if self.order == "chunk":
-            heapq.heappush(ln.heap, (-priority, r.seq, r))
+            heapq.heappush(ln.heap, (-job.job_class, -priority, r.seq, r))
+        else:
+            heapq.heappush(job.heap, (-priority, r.seq, r))
+            if rekey:
+                job.hver += 1
+                heapq.heappush(ln.jheap, (_job_key(job), job.hver, job))
         out = self._schedule(ln, now)
         if r.state == PENDING:
             ln.c["waits"] += 1
@@ -176,10 +270,12 @@ class Arbiter:
         return out
 
     def complete(self, job, token):
-        """A granted chunk finished (or the client cancelled a pending one)."""
+        """A granted chunk finished, or the client withdrew a pending request
+        (``cancel``). Returns the grants it triggers, ``None`` if unknown
+        (expired lease, late message)."""
         r = job.reqs.pop(token, None)
         if r is None:
-            return None     # unknown: expired lease or late message
+            return None
         ln = self.links[job.link]
         ln.c["completions" if r.state == GRANTED else "cancelled"] += 1
         self._remove(ln, r)
@@ -187,9 +283,25 @@ class Arbiter:
 
     cancel = complete
 
+    def renew(self, job, token):
+        """Restart the lease of a grant the job still holds. False if ``token``
+        is not granted (pending, completed, expired or unknown)."""
+        r = job.reqs.get(token)
+        if r is None or r.state != GRANTED:
+            return False
+        r.deadline = self.clock() + self.lease_seconds
+        self._leases.move_to_end(r)
+        self.links[job.link].c["renewals"] += 1
+        return True
+
     def is_pending(self, job, token):
         r = job.reqs.get(token)
         return r is not None and r.state == PENDING
+
+    def head(self, link):
+        """The request that would be granted next on ``link`` (None if none)."""
+        ln = self.links.get(link)
+        return self._pick(ln)[0] if ln is not None else None
 
     # ------------------------------------------------------------ leases
     def next_expiry(self):
@@ -215,9 +327,27 @@ class Arbiter:
         return out
 
     # ------------------------------------------------------------ internals
+    def _unlink(self, ln, r):
+        """Take a pending request off the arrival list (its pass-over increment
+        goes to the request before it, which it covered too)."""
+        p, n = r.prev, r.next
+        if p is None:
+            ln.first = n
+            ln.passed -= r.tag
+        else:
+            p.next = n
+            p.tag += r.tag
+        if n is None:
+            ln.last = p
+        else:
+            n.prev = p
+        r.prev = r.next = None
+        ln.npending -= 1
+        r.job.npending -= 1
+
     def _remove(self, ln, r):
         if r.state == PENDING:
-            del ln.pending[r.seq]
+            self._unlink(ln, r)
         elif r.state == GRANTED:
             ln.outstanding_bytes -= r.nbytes
             ln.outstanding -= 1
@@ -225,44 +355,50 @@ class Arbiter:
         r.state = DONE
 
     def _pick(self, ln):
-        st = ln.starving
-        while st:
-            r = st[0][1]
-            if r.state == PENDING:
-                return r, st
-            heapq.heappop(st)
-        if self.order == "burst":
-            # A linear scan: a job's requests change rank when its burst priority
-            # rises, so no static heap key fits. Pending requests per link are a few
-            # dozen in practice (each job asks only within its local credit); the
-            # worst case is bounded by max_pending_per_job per connected job.
-            best = bkey = None
-            for r in ln.pending.values():
-                j = r.job
-                k = (-j.burst_priority, j.burst_seq, -r.priority, r.seq)
-                if bkey is None or k < bkey:
-                    best, bkey = r, k
-            return best, None
-        h = ln.heap
-        while h:
-            r = h[0][2]
-            if r.state == PENDING:
-                return r, h
+        """``(request, starved)``: the next request to grant, or ``(None, False)``."""
+        K = self.starvation_bound
+        if ln.first is None:
+            return None, False
+        if K and ln.passed >= K:
+            return ln.first, True
+        if self.order == "chunk":
+            h = ln.heap
+            while h[0][3].state != PENDING:
+                heapq.heappop(h)
+            if len(h) > 2 * ln.npending + 64:
+                h[:] = [e for e in h if e[3].state == PENDING]
+                heapq.heapify(h)
+            return h[0][3], False
+        jh = ln.jheap
+        while True:
+            _, ver, job = jh[0]
+            if ver == job.hver and job.npending:
+                break
+            heapq.heappop(jh)
+        if len(jh) > 2 * len(ln.jobs) + 64:
+            jh[:] = [e for e in jh if e[1] == e[2].hver and e[2].npending]
+            heapq.heapify(jh)
+        h = job.heap
+        while h[0][2].state != PENDING:
             heapq.heappop(h)
-        return None, None
+        if len(h) > 2 * job.npending + 64:
+            h[:] = [e for e in h if e[2].state == PENDING]
+            heapq.heapify(h)
+        return h[0][2], False
 
     def _schedule(self, ln, now):
         out = []
         K = self.starvation_bound
         while True:
-            r, src = self._pick(ln)
+            r, starved = self._pick(ln)
             if r is None:
                 break
             if ln.outstanding_bytes and ln.outstanding_bytes + r.nbytes > ln.credit:
                 break
-            if src is not None:
-                heapq.heappop(src)
-            del ln.pending[r.seq]
+            if K and r.prev is not None:
+                r.prev.tag += 1         # every older pending request is passed over once more
+                ln.passed += 1
+            self._unlink(ln, r)
             r.state = GRANTED
             r.deadline = now + self.lease_seconds
             self._leases[r] = None
@@ -270,7 +406,7 @@ class Arbiter:
             ln.outstanding += 1
             c = ln.c
             c["grants"] += 1
-            if src is ln.starving:
+            if starved:
                 c["starvation_grants"] += 1
             w = now - r.t_arrival
             c["wait_seconds_total"] += w
@@ -279,14 +415,6 @@ class Arbiter:
             r.job.grants += 1
             ln.per_job[r.job.job_id] = ln.per_job.get(r.job.job_id, 0) + 1
             out.append(r)
-            if K:
-                seq = r.seq
-                for older in ln.pending.values():
-                    if older.seq > seq:
-                        break
-                    older.passed += 1
-                    if older.passed == K:
-                        heapq.heappush(ln.starving, (older.seq, older))
         return out
 
     def stats(self):

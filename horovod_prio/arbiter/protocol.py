@@ -1,52 +1,63 @@
 """Wire protocol of the link arbiter: length-prefixed binary frames over TCP.
 
-Pure Python (stdlib only). Shared by :mod:`.server` and :mod:`.client`.
+Pure Python (stdlib only). Shared by :mod:`.server`, :mod:`.client` and
+:mod:`.stats`; they use it only through the functions and classes below.
 
 Framing
 -------
 Every frame is ``u32 length`` (big endian, of what follows) + body. A length
 of 0 or above :data:`MAX_FRAME` is a protocol error (the peer is dropped).
 
-Handshake (bodies not MACed; mutual HMAC-SHA256 challenge-response)::
+Handshake (protocol 2, magic ``HPA2``; bodies not MACed)::
 
-    C->S  HELLO      b"HPA1" + client_nonce[32]
-    S->C  CHALLENGE  b"HPA1" + server_nonce[32] + HMAC(secret, b"srv" + cn + sn)
-    C->S  PROOF      HMAC(secret, b"cli" + cn + sn)
+    C->S  HELLO      MAGIC + client_nonce[32]
+    S->C  CHALLENGE  MAGIC + server_nonce[32]                  nothing derived from the secret
+    C->S  PROOF      HMAC(secret, "cli" + MAGIC + cn + sn)      the client proves first
+    S->C  VERDICT    0x00 + HMAC(secret, "srv" + MAGIC + cn + sn)   proof accepted; the server proves
+                     0x01                                      rejected; the server closes
 
-Both sides then derive ``session_key = HMAC(secret, b"key" + cn + sn)``.
-Every later body is ``payload + MAC`` with
-``MAC = HMAC-SHA256(session_key, direction + seq.to_bytes(8) + payload)``,
+The server answers with something derived from the secret only after the
+client has proved that it knows it, so connecting to the arbiter gives no
+offline guessing oracle; each wrong guess costs a connection (and is counted
+in ``auth_failures``). Both sides derive
+``session_key = HMAC(secret, "key" + MAGIC + cn + sn)``; the client may send
+sealed frames right after its PROOF. Every later body is ``payload + MAC``
+with ``MAC = HMAC-SHA256(session_key, direction + seq.to_bytes(8) + payload)``,
 ``direction`` b"C" (client to server) or b"S", and ``seq`` counting that
 direction's frames from 0 (implicit, never sent): a forged, altered,
 replayed, reordered or dropped frame fails its MAC.
 
 Payloads (``type u8`` + fields, big endian)::
 
-    C->S REGISTER  0x01  str16 job_id, str16 link          (once, first frame of a job)
+    C->S REGISTER  0x01  str16 job_id, str16 link, i32 job_class   (once, first frame of a job)
     C->S REQUEST   0x02  u64 token, i64 priority, u64 nbytes, str16 chunk_id
-    C->S COMPLETE  0x03  u64 token
+    C->S COMPLETE  0x03  u64 token   (granted chunk finished)
     C->S PING      0x04  u64 nonce
     C->S STATS     0x05  -
-    C->S CANCEL    0x06  u64 token   (client gave up waiting and granted locally)
-    S->C REGISTERED 0x81 -
+    C->S CANCEL    0x06  u64 token   (withdrawn: pending -> dropped, granted -> released)
+    C->S RENEW     0x07  u64 token   (the grant is still in use: restart its lease)
+    S->C REGISTERED 0x81 u32 lease_ms
     S->C GRANT     0x82  u64 token
     S->C QUEUED    0x83  u64 token   (request accepted, waiting behind others)
     S->C PONG      0x84  u64 nonce
-    S->C STATS_REPLY 0x85 utf-8 JSON
+    S->C STATS_REPLY 0x85 u8 more, utf-8 JSON fragment (more=1: another fragment follows)
     S->C ERROR     0x86  utf-8 text (server closes after it)
 
 ``token`` is chosen by the client (unique per connection); ``str16`` is
 ``u16 length`` + UTF-8 bytes, at most :data:`MAX_NAME` bytes.
 """
 import hmac
+import logging
 import os
 import struct
 
-MAGIC = b"HPA1"
+MAGIC = b"HPA2"
 NONCE_LEN = 32
 MAC_LEN = 32
 MAX_FRAME = 64 * 1024
 MAX_NAME = 256
+MIN_SECRET = 16                 # shorter secrets get a warning
+STATS_PART = 60 * 1024          # bytes of JSON per STATS_REPLY fragment (< MAX_FRAME)
 
 T_REGISTER = 0x01
 T_REQUEST = 0x02
@@ -54,6 +65,7 @@ T_COMPLETE = 0x03
 T_PING = 0x04
 T_STATS = 0x05
 T_CANCEL = 0x06
+T_RENEW = 0x07
 T_REGISTERED = 0x81
 T_GRANT = 0x82
 T_QUEUED = 0x83
@@ -63,21 +75,38 @@ T_ERROR = 0x86
 
 _LEN = struct.Struct(">I")
 _U64 = struct.Struct(">BQ")
+_U32 = struct.Struct(">BI")
+_I32 = struct.Struct(">i")
 _REQ = struct.Struct(">BQqQH")
 _U16 = struct.Struct(">H")
 
+I32_MIN, I32_MAX = -(1 << 31), (1 << 31) - 1
 I64_MIN = -(1 << 63)
 I64_MAX = (1 << 63) - 1
 U64_MAX = (1 << 64) - 1
+
+_HELLO_LEN = len(MAGIC) + NONCE_LEN
+_ACCEPTED, _REJECTED = b"\x00", b"\x01"
+
+log = logging.getLogger("horovod_prio.arbiter")
 
 
 class ProtocolError(Exception):
     """A malformed, oversized or unauthenticated frame."""
 
 
-def load_secret(secret):
+class AuthError(ProtocolError):
+    """The handshake failed: a wrong secret on one side."""
+
+
+# ---------------------------------------------------------------- secrets
+
+def load_secret(secret, who="arbiter"):
     """Normalise a shared secret (str -> UTF-8; surrounding whitespace stripped,
-    on both sides, so a file's trailing newline does not matter) to non-empty bytes."""
+    on both sides, so a file's trailing newline does not matter) to non-empty
+    bytes. Warns (logger ``horovod_prio.arbiter``) when it is shorter than
+    :data:`MIN_SECRET` bytes: the secret is all that keeps other processes off
+    the link, and a job talking to a fake arbiter reveals an HMAC of it."""
     if isinstance(secret, str):
         secret = secret.encode("utf-8")
     if isinstance(secret, (bytes, bytearray)):
@@ -85,7 +114,23 @@ def load_secret(secret):
     if not isinstance(secret, (bytes, bytearray)) or not secret:
         raise ValueError("arbiter secret must be a non-empty str or bytes, got %r"
                          % (type(secret).__name__ if secret is not None else None,))
+    if len(secret) < MIN_SECRET:
+        log.warning("%s: the shared arbiter secret is only %d bytes; use at least %d random bytes "
+                    "(e.g. head -c 32 /dev/urandom | base64)", who, len(secret), MIN_SECRET)
     return bytes(secret)
+
+
+def read_secret_file(path, what="secret file"):
+    """The whole file, surrounding whitespace stripped. ``ValueError`` naming
+    the file when it cannot be read or is empty."""
+    try:
+        with open(path, "rb") as f:
+            s = f.read().strip()
+    except OSError as e:
+        raise ValueError("cannot read %s %r: %s" % (what, path, e.strerror or e)) from None
+    if not s:
+        raise ValueError("%s %r is empty" % (what, path))
+    return s
 
 
 def new_nonce():
@@ -96,22 +141,79 @@ def _h(key, msg):
     return hmac.digest(key, msg, "sha256")
 
 
-def server_proof(secret, cn, sn):
-    return _h(secret, b"srv" + cn + sn)
-
-
-def client_proof(secret, cn, sn):
-    return _h(secret, b"cli" + cn + sn)
-
-
-def session_key(secret, cn, sn):
-    return _h(secret, b"key" + cn + sn)
-
-
 def frame(body):
     """Length-prefix one body."""
     return _LEN.pack(len(body)) + body
 
+
+# ---------------------------------------------------------------- handshake
+
+def _keys(secret, cn, sn):
+    ctx = MAGIC + cn + sn
+    return _h(secret, b"cli" + ctx), _h(secret, b"srv" + ctx), _h(secret, b"key" + ctx)
+
+
+class ClientHandshake:
+    """Client side: ``hello()`` -> frame; ``on_challenge(body)`` -> PROOF frame
+    (``session`` is usable from then on); ``on_verdict(body)`` checks the
+    server's proof. Raises :class:`AuthError` / :class:`ProtocolError`."""
+
+    __slots__ = ("_secret", "cn", "session", "_srv_proof", "done")
+
+    def __init__(self, secret):
+        self._secret = secret
+        self.cn = new_nonce()
+        self.session = None
+        self._srv_proof = None
+        self.done = False
+
+    def hello(self):
+        return frame(MAGIC + self.cn)
+
+    def on_challenge(self, body):
+        if len(body) != _HELLO_LEN or body[:4] != MAGIC:
+            raise ProtocolError("bad CHALLENGE from arbiter (not protocol %r?)" % MAGIC.decode())
+        cli, self._srv_proof, key = _keys(self._secret, self.cn, body[4:])
+        self.session = Session(key, is_server=False)
+        return frame(cli)
+
+    def on_verdict(self, body):
+        if body == _REJECTED:
+            raise AuthError("authentication failed: the arbiter rejected our proof (wrong secret?)")
+        if len(body) != 1 + MAC_LEN or body[:1] != _ACCEPTED:
+            raise ProtocolError("bad VERDICT from arbiter")
+        if not hmac.compare_digest(body[1:], self._srv_proof):
+            raise AuthError("arbiter failed authentication (wrong secret?)")
+        self.done = True
+
+
+class ServerHandshake:
+    """Server side: ``on_hello(body)`` -> CHALLENGE frame; ``on_proof(body)`` ->
+    ``(reply_frame, session)``, ``session`` None when the proof is wrong (send
+    the reply, then close)."""
+
+    __slots__ = ("_secret", "_cn", "_sn")
+
+    def __init__(self, secret):
+        self._secret = secret
+        self._cn = self._sn = None
+
+    def on_hello(self, body):
+        if self._cn is not None or len(body) != _HELLO_LEN or body[:4] != MAGIC:
+            raise AuthError("bad HELLO")
+        self._cn, self._sn = body[4:], new_nonce()
+        return frame(MAGIC + self._sn)
+
+    def on_proof(self, body):
+        if self._cn is None:
+            raise AuthError("PROOF before HELLO")
+        cli, srv, key = _keys(self._secret, self._cn, self._sn)
+        if len(body) != MAC_LEN or not hmac.compare_digest(body, cli):
+            return frame(_REJECTED), None
+        return frame(_ACCEPTED + srv), Session(key, is_server=True)
+
+
+# ---------------------------------------------------------------- framing
 
 class FrameReader:
     """Incremental splitter of a byte stream into frame bodies."""
@@ -191,8 +293,12 @@ def _str16(s):
     return _U16.pack(len(b)) + b
 
 
-def enc_register(job_id, link):
-    return bytes([T_REGISTER]) + _str16(job_id) + _str16(link)
+def enc_register(job_id, link, job_class=0):
+    return bytes([T_REGISTER]) + _str16(job_id) + _str16(link) + _I32.pack(job_class)
+
+
+def enc_registered(lease_seconds):
+    return _U32.pack(T_REGISTERED, min(int(lease_seconds * 1000), 0xFFFFFFFF))
 
 
 def enc_request(token, priority, nbytes, chunk_id):
@@ -209,6 +315,14 @@ def enc_empty(kind):
 
 def enc_text(kind, text):
     return bytes([kind]) + text.encode("utf-8")[:MAX_FRAME - 64]
+
+
+def enc_stats_parts(text):
+    """STATS_REPLY payloads carrying ``text`` (any size) in fragments."""
+    data = text.encode("utf-8")
+    n = max(1, -(-len(data) // STATS_PART))
+    return [bytes([T_STATS_REPLY, int(i < n - 1)]) + data[i * STATS_PART:(i + 1) * STATS_PART]
+            for i in range(n)]
 
 
 # ---------------------------------------------------------------- decoders
@@ -230,13 +344,21 @@ def _read_str16(p, pos):
 
 
 def dec_register(p):
+    """-> ``(job_id, link, job_class)``."""
     job, pos = _read_str16(p, 1)
     link, pos = _read_str16(p, pos)
-    if pos != len(p):
-        raise ProtocolError("trailing bytes in REGISTER")
+    if len(p) != pos + _I32.size:
+        raise ProtocolError("bad length of REGISTER")
     if not job or not link:
         raise ProtocolError("empty job id or link in REGISTER")
-    return job, link
+    return job, link, _I32.unpack_from(p, pos)[0]
+
+
+def dec_registered(p):
+    """-> the arbiter's lease in seconds."""
+    if len(p) != _U32.size:
+        raise ProtocolError("bad length %d of REGISTERED" % len(p))
+    return _U32.unpack(p)[1] / 1000.0
 
 
 def dec_request(p):
@@ -253,3 +375,10 @@ def dec_token(p):
     if len(p) != _U64.size:
         raise ProtocolError("bad length %d for a token frame" % len(p))
     return _U64.unpack(p)[1]
+
+
+def dec_stats_part(p):
+    """-> ``(more, json_bytes)``."""
+    if len(p) < 2 or p[1] not in (0, 1):
+        raise ProtocolError("bad STATS_REPLY fragment")
+    return bool(p[1]), p[2:]

@@ -4,7 +4,8 @@ Single-threaded by design: the grant policy (:class:`.core.Arbiter`) runs in
 the loop thread, so there are no locks on the hot path. A plain selector loop
 with non-blocking sockets (not asyncio): on loopback an asyncio echo costs
 about twice the round trip of the same echo on a bare ``selectors`` loop, and
-the grant round trip is what the arbiter adds to every chunk.
+the grant round trip is what the arbiter adds to every chunk. Framing and
+write buffering are :class:`.transport.Transport`'s, shared with the client.
 
 Every failure is local to one connection: a protocol error (malformed,
 oversized, unauthenticated, forged or replayed frame) is logged, counted and
@@ -12,6 +13,10 @@ closes only the offending connection; the job behind it loses its pending
 requests and grants (as on any disconnect) and the other jobs keep being
 served. An exception inside the loop is logged and closes the connection being
 served; it never stops the service.
+
+Connections still in the handshake have their own table (``max_handshakes``)
+and a short deadline (``handshake_timeout``), so unauthenticated peers can
+neither fill the connection table nor hold a slot for long.
 """
 import collections
 import concurrent.futures
@@ -25,97 +30,79 @@ import time
 
 from . import protocol as P
 from .core import Arbiter
+from .transport import Transport, nodelay
 
 log = logging.getLogger("horovod_prio.arbiter")
 
-_HELLO_LEN = len(P.MAGIC) + P.NONCE_LEN
-_PRE_AUTH_MAX_FRAME = 256      # handshake frames are <= 36 bytes
+# Before authentication a peer may send only the handshake and the frames a
+# client pipelines behind its PROOF (REGISTER: <= 1 + 2 x 258 + 4 + MAC bytes).
+_PRE_AUTH_MAX_FRAME = 1024
 _WAKE = object()
 _MAX_WRITE_BUFFER = 1 << 20
-# recv() buffer: keep it <= 64 KiB; larger sizes make CPython allocate (mmap) and
-# shrink a big bytes object on every call (measured ~20 us extra per recv here).
-_RECV_SIZE = 65536
+_STATS_LOW_WATER = 256 << 10    # STATS_REPLY fragments are queued while less is unsent
 _READ, _RW = selectors.EVENT_READ, selectors.EVENT_READ | selectors.EVENT_WRITE
+_HELLO, _PROOF, _AUTH = 0, 1, 2
 
 
 class _Conn:
-    __slots__ = ("srv", "sock", "peer", "state", "reader", "session", "job", "hs_deadline",
-                 "cn", "sn", "closed", "outbuf", "events")
+    __slots__ = ("srv", "t", "peer", "stage", "hs", "session", "job", "closed", "events",
+                 "stats_parts")
 
     def __init__(self, srv, sock, peer):
         self.srv = srv
-        self.sock = sock
+        self.t = Transport(sock, _PRE_AUTH_MAX_FRAME, _MAX_WRITE_BUFFER)
         self.peer = peer
-        self.state = "hello"
-        self.reader = P.FrameReader(_PRE_AUTH_MAX_FRAME)
+        self.stage = _HELLO
+        self.hs = P.ServerHandshake(srv.secret)
         self.session = None
         self.job = None
-        self.hs_deadline = time.monotonic() + srv.handshake_timeout
         self.closed = False
-        self.outbuf = bytearray()
         self.events = _READ
+        self.stats_parts = None
 
     # -------------------------------------------------------- I/O
     def on_readable(self):
         try:
-            data = self.sock.recv(_RECV_SIZE)
-        except (BlockingIOError, InterruptedError):
-            return
-        except OSError as e:
-            self.fail(None, "connection error: %s" % e)
-            return
-        if not data:
-            self.fail(None, "closed by peer")
-            return
-        try:
-            for body in self.reader.feed(data):
+            for body in self.t.read():
                 self._handle(body)
                 if self.closed:
                     return
         except P.ProtocolError as e:
             self.reject(str(e))
+            return
         except Exception as e:  # never let one connection take the service down
             log.exception("arbiter: internal error on connection %s", self.peer)
             self.reject("internal error: %s" % type(e).__name__)
+            return
+        if self.t.error:
+            self.fail(None, self.t.error)
 
     def on_writable(self):
-        try:
-            n = self.sock.send(self.outbuf)
-        except (BlockingIOError, InterruptedError):
-            return
-        except OSError as e:
-            self.fail(None, "send failed: %s" % e)
-            return
-        del self.outbuf[:n]
-        if not self.outbuf and self.events != _READ:
-            self.events = _READ
-            self.srv.sel.modify(self.sock, _READ, self)
+        self.t.flush()
+        self._pump_stats()
+        self._sync()
 
-    def write(self, data):
-        if self.closed:
+    def _sync(self):
+        """Close on a transport error, else watch writability while bytes are queued."""
+        if self.t.error:
+            self.fail(logging.WARNING if self.t.buffered else None, self.t.error)
             return
-        if not self.outbuf:
-            try:
-                n = self.sock.send(data)
-            except (BlockingIOError, InterruptedError):
-                n = 0
-            except OSError as e:
-                self.fail(None, "send failed: %s" % e)
-                return
-            if n == len(data):
-                return
-            data = data[n:]
-        self.outbuf += data
-        if len(self.outbuf) > _MAX_WRITE_BUFFER:
-            self.fail(logging.WARNING, "does not read its replies (%d bytes queued)" % len(self.outbuf))
-            return
-        if self.events != _RW:
-            self.events = _RW
-            self.srv.sel.modify(self.sock, _RW, self)
+        ev = _RW if self.t.wants_write else _READ
+        if ev != self.events:
+            self.events = ev
+            self.srv.sel.modify(self.t.sock, ev, self)
 
     def send(self, payload):
         if not self.closed:
-            self.write(self.session.seal(payload))
+            self.t.write(self.session.seal(payload))
+            self._sync()
+
+    def _pump_stats(self):
+        parts = self.stats_parts
+        while parts and self.t.buffered < _STATS_LOW_WATER and self.t.error is None:
+            self.t.write(self.session.seal(parts.popleft()))
+        if parts is not None and not parts:
+            self.stats_parts = None
 
     def fail(self, level, why):
         """Stop serving this connection; the loop closes it and drops its job."""
@@ -130,38 +117,33 @@ class _Conn:
     def reject(self, why):
         if self.closed:
             return
-        self.srv.counters["protocol_errors"] += 1
-        if self.session is not None:
-            try:
-                self.sock.send(self.session.seal(P.enc_text(P.T_ERROR, why)))
-            except OSError:
-                pass
+        if self.stage == _AUTH:
+            self.srv.counters["protocol_errors"] += 1
+            self.t.write(self.session.seal(P.enc_text(P.T_ERROR, why)))
+        else:
+            self.srv.counters["auth_failures"] += 1
         self.fail(logging.WARNING, "rejected: " + why)
 
     # -------------------------------------------------------- frames
     def _handle(self, body):
-        st = self.state
-        if st == "auth":
+        if self.stage == _AUTH:
             self._dispatch(self.session.open(body))
-        elif st == "hello":
-            if len(body) != _HELLO_LEN or body[:4] != P.MAGIC:
+        elif self.stage == _HELLO:
+            self.t.write(self.hs.on_hello(body))
+            self.stage = _PROOF
+            self._sync()
+        else:
+            reply, session = self.hs.on_proof(body)
+            self.hs = None
+            self.t.write(reply)
+            if session is None:                 # the reply says "rejected"; nothing secret in it
                 self.srv.counters["auth_failures"] += 1
-                raise P.ProtocolError("bad HELLO")
-            self.cn = body[4:]
-            self.sn = P.new_nonce()
-            self.write(P.frame(P.MAGIC + self.sn + P.server_proof(self.srv.secret, self.cn, self.sn)))
-            self.state = "proof"
-        else:  # "proof"
-            secret = self.srv.secret
-            want = P.client_proof(secret, self.cn, self.sn)
-            if len(body) != P.MAC_LEN or not P.hmac.compare_digest(body, want):
-                self.srv.counters["auth_failures"] += 1
-                raise P.ProtocolError("authentication failed (wrong secret?)")
-            self.session = P.Session(P.session_key(secret, self.cn, self.sn), is_server=True)
-            self.state = "auth"
-            self.reader.max_frame = P.MAX_FRAME
-            self.hs_deadline = None
-            self.srv.handshaking.discard(self)
+                self.fail(logging.WARNING, "authentication failed (wrong secret?)")
+                return
+            self.session, self.stage = session, _AUTH
+            self.t.reader.max_frame = P.MAX_FRAME
+            self.srv.handshaking.pop(self, None)
+            self._sync()
 
     def _dispatch(self, p):
         srv = self.srv
@@ -180,47 +162,64 @@ class _Conn:
                 self.send(P.enc_token(P.T_QUEUED, token))
         elif kind == P.T_COMPLETE or kind == P.T_CANCEL:
             if job is None:
-                raise P.ProtocolError("COMPLETE before REGISTER")
+                raise P.ProtocolError("COMPLETE/CANCEL before REGISTER")
             grants = srv.arbiter.complete(job, P.dec_token(p))
             if grants is None:
                 srv.counters["late_completions"] += 1
             else:
                 srv.send_grants(grants)
+        elif kind == P.T_RENEW:
+            if job is None:
+                raise P.ProtocolError("RENEW before REGISTER")
+            if not srv.arbiter.renew(job, P.dec_token(p)):
+                srv.counters["late_renewals"] += 1
         elif kind == P.T_PING:
             self.send(P.enc_token(P.T_PONG, P.dec_token(p)))
         elif kind == P.T_REGISTER:
             if job is not None:
                 raise P.ProtocolError("second REGISTER")
-            job_id, link = P.dec_register(p)
-            self.job = srv.arbiter.register(job_id, link, peer=self)
-            log.info("arbiter: job %s joined link %s from %s", job_id, link, self.peer)
-            self.send(P.enc_empty(P.T_REGISTERED))
+            job_id, link, job_class = P.dec_register(p)
+            self.job = srv.arbiter.register(job_id, link, self, job_class)
+            log.info("arbiter: job %s (class %d) joined link %s from %s", job_id, job_class, link,
+                     self.peer)
+            self.send(P.enc_registered(srv.arbiter.lease_seconds))
         elif kind == P.T_STATS:
             if len(p) != 1:
                 raise P.ProtocolError("trailing bytes in STATS")
-            self.send(P.enc_text(P.T_STATS_REPLY, json.dumps(srv.stats(), sort_keys=True)))
+            if self.stats_parts:
+                raise P.ProtocolError("STATS while the previous reply is still unread")
+            self.stats_parts = collections.deque(
+                P.enc_stats_parts(json.dumps(srv.stats(), sort_keys=True)))
+            self._pump_stats()
+            self._sync()
         else:
             raise P.ProtocolError("unknown message type 0x%02x" % kind)
 
 
 class ArbiterServer:
     """The service. ``start()`` runs it in a background thread (tests, embedding)
-    and returns ``(host, port)``; ``stop()`` closes every connection."""
+    and returns ``(host, port)``; ``stop()`` closes every connection.
+
+    ``max_connections`` bounds authenticated connections, ``max_handshakes``
+    the connections still in the handshake (each closed after
+    ``handshake_timeout`` seconds); a connection beyond either is closed at
+    once (``rejected_connections``)."""
 
     def __init__(self, host="127.0.0.1", port=0, secret=None, credit_bytes=16 << 20,
                  lease_seconds=10.0, starvation_bound=8, link_credits=None,
-                 handshake_timeout=5.0, max_connections=1024, order="burst"):
-        self.secret = P.load_secret(secret)
+                 handshake_timeout=2.0, max_connections=1024, order="burst", max_handshakes=64):
+        self.secret = P.load_secret(secret, "arbiter")
         self.host, self.port = host, port
         self.arbiter = Arbiter(credit_bytes, lease_seconds, starvation_bound, link_credits,
                                order=order)
         self.handshake_timeout = float(handshake_timeout)
         self.max_connections = max_connections
+        self.max_handshakes = max_handshakes
         self.conns = set()
-        self.handshaking = set()     # connections not yet authenticated
+        self.handshaking = collections.OrderedDict()   # _Conn -> deadline, in accept order
         self.dead = []
         self.counters = {"connections": 0, "rejected_connections": 0, "auth_failures": 0,
-                         "protocol_errors": 0, "late_completions": 0}
+                         "protocol_errors": 0, "late_completions": 0, "late_renewals": 0}
         self.address = None
         self.sel = None
         self._lsock = None
@@ -229,6 +228,7 @@ class ArbiterServer:
         self._calls = collections.deque()
         self._wake_r = self._wake_w = None
         self._t0 = time.monotonic()
+        self._last_reject_log = -1e9
 
     # -------------------------------------------------------- policy glue
     def send_grants(self, grants):
@@ -246,12 +246,16 @@ class ArbiterServer:
 
     def stats(self):
         s = dict(self.counters)
-        s["connected"] = len(self.conns)
+        s["connected"] = len(self.conns) - len(self.handshaking)
+        s["handshaking"] = len(self.handshaking)
         s["uptime_seconds"] = round(time.monotonic() - self._t0, 3)
         s["credit_bytes"] = self.arbiter.credit_bytes
         s["lease_seconds"] = self.arbiter.lease_seconds
         s["starvation_bound"] = self.arbiter.starvation_bound
         s["order"] = self.arbiter.order
+        s["pruned_links"] = self.arbiter.pruned_links
+        s["max_connections"] = self.max_connections
+        s["max_handshakes"] = self.max_handshakes
         return {"server": s, "links": self.arbiter.stats()}
 
     # -------------------------------------------------------- lifecycle
@@ -323,22 +327,11 @@ class ArbiterServer:
         if self._lsock is None:
             self.bind()
         sel = self.sel
-        arb = self.arbiter
         try:
             while not self._stop:
                 now = time.monotonic()
-                # next timer: lease expiry or handshake deadline (both only move
-                # later while serving events, so checking them after is enough)
-                due = now + 1.0
-                nx = arb.next_expiry()
-                if nx is not None and nx < due:
-                    due = nx
-                if self.handshaking:
-                    hs = self._next_handshake_deadline()
-                    if hs is not None and hs < due:
-                        due = hs
-                events = sel.select(max(due - now, 0.0))
-                for key, mask in events:
+                due = self._next_timer(now)
+                for key, mask in sel.select(max(due - now, 0.0)):
                     conn = key.data
                     if conn is None:
                         self._accept()
@@ -360,6 +353,18 @@ class ArbiterServer:
         finally:
             self._shutdown()
 
+    def _next_timer(self, now):
+        """Earliest of: a lease expiry, the oldest handshake's deadline, 1 s."""
+        due = now + 1.0
+        nx = self.arbiter.next_expiry()
+        if nx is not None and nx < due:
+            due = nx
+        for d in self.handshaking.values():     # accept order = deadline order
+            if d < due:
+                due = d
+            break
+        return due
+
     def _accept(self):
         while True:
             try:
@@ -370,19 +375,23 @@ class ArbiterServer:
                 log.warning("arbiter: accept failed: %s", e)
                 return
             peer = "%s:%s" % tuple(addr[:2])
-            if len(self.conns) >= self.max_connections:
+            nhs = len(self.handshaking)
+            if nhs >= self.max_handshakes or len(self.conns) - nhs >= self.max_connections:
                 self.counters["rejected_connections"] += 1
-                log.warning("arbiter: too many connections (%d), rejecting %s", len(self.conns), peer)
+                now = time.monotonic()
+                level = logging.WARNING if now - self._last_reject_log > 60 else logging.DEBUG
+                if level == logging.WARNING:
+                    self._last_reject_log = now
+                log.log(level, "arbiter: too many connections (%d authenticated, %d in the "
+                        "handshake), rejecting %s (repeats within 60 s logged at debug level)",
+                        len(self.conns) - nhs, nhs, peer)
                 sock.close()
                 continue
             sock.setblocking(False)
-            try:
-                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-            except OSError:
-                pass
+            nodelay(sock)
             conn = _Conn(self, sock, peer)
             self.conns.add(conn)
-            self.handshaking.add(conn)
+            self.handshaking[conn] = time.monotonic() + self.handshake_timeout
             self.counters["connections"] += 1
             self.sel.register(sock, _READ, conn)
 
@@ -393,19 +402,14 @@ class ArbiterServer:
         except (BlockingIOError, InterruptedError, OSError):
             pass
 
-    def _next_handshake_deadline(self):
-        best = None
-        for c in self.handshaking:
-            d = c.hs_deadline
-            if d is not None and (best is None or d < best):
-                best = d
-        return best
-
     def _timers(self):
         now = time.monotonic()
-        for c in list(self.handshaking):
-            if c.hs_deadline is not None and c.hs_deadline <= now and not c.closed:
-                self.handshaking.discard(c)
+        while self.handshaking:
+            c, d = next(iter(self.handshaking.items()))
+            if d > now:
+                break
+            del self.handshaking[c]
+            if not c.closed:
                 self.counters["auth_failures"] += 1
                 c.fail(logging.WARNING, "handshake timeout")
         nx = self.arbiter.next_expiry()
@@ -433,15 +437,12 @@ class ArbiterServer:
         while self.dead:
             conn = self.dead.pop()
             self.conns.discard(conn)
-            self.handshaking.discard(conn)
+            self.handshaking.pop(conn, None)
             try:
-                self.sel.unregister(conn.sock)
+                self.sel.unregister(conn.t.sock)
             except (KeyError, ValueError):
                 pass
-            try:
-                conn.sock.close()
-            except OSError:
-                pass
+            conn.t.close()
             job, conn.job = conn.job, None
             if job is not None:
                 n = len(job.reqs)
@@ -459,13 +460,10 @@ class ArbiterServer:
             c.closed = True
             try:
                 # RST instead of FIN: peers see the arbiter vanish, as on a crash
-                c.sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+                c.t.sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
             except OSError:
                 pass
-            try:
-                c.sock.close()
-            except OSError:
-                pass
+            c.t.close()
         self.conns.clear()
         self.handshaking.clear()
         for s in (self._lsock, self._wake_r, self._wake_w):

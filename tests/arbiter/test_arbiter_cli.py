@@ -15,8 +15,8 @@ from horovod_prio.arbiter.client import ArbiterClient
 
 pytestmark = pytest.mark.timeout(40)
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-SECRET = "cli-test-secret"
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+SECRET = "cli-test-secret-of-some-length"
 
 
 def _env(**extra):
@@ -83,6 +83,30 @@ def test_cli_errors_are_clear(tmp_path):
     assert r.returncode == 2
 
 
+def test_cli_reads_sizes_counts_and_seconds_with_the_projects_parsers(capsys):
+    """Same rules as the HOROVOD_PRIO_* variables (horovod_prio.method.units)."""
+    from horovod_prio.arbiter.cli import build_parser
+    from horovod_prio.method import units
+    p = build_parser()
+    a = p.parse_args(["--bind", "h:1", "--credit-bytes", "1MB", "--link-credit", "eth1=1.5KiB",
+                      "--link-credit", "eth2=2M", "--lease-seconds", "0.25", "--starvation-bound", "0",
+                      "--handshake-timeout", "1e-1", "--max-handshakes", "8"])
+    assert a.credit_bytes == units.parse_bytes("1MB") == 1000000
+    assert dict(a.link_credit) == {"eth1": 1536, "eth2": 2 << 20}
+    assert a.lease_seconds == 0.25 and a.starvation_bound == 0 and a.handshake_timeout == 0.1
+    assert a.max_handshakes == 8
+    for argv, rule in ((["--credit-bytes", "1.0001KiB"], units.bytes_rule(1)),
+                       (["--credit-bytes", "0"], units.bytes_rule(1)),
+                       (["--link-credit", "eth1=lots"], units.bytes_rule(1)),
+                       (["--starvation-bound", "2.5"], "an integer >= 0"),
+                       (["--lease-seconds", "nan"], "a finite number > 0 seconds"),
+                       (["--max-handshakes", "0"], "an integer >= 1")):
+        with pytest.raises(SystemExit):
+            p.parse_args(["--bind", "h:1"] + argv)
+        err = capsys.readouterr().err
+        assert argv[0] in err and rule in err, err
+
+
 def test_cli_serves_reports_stats_and_survives_kill_restart(tmp_path, caplog):
     secret_file = tmp_path / "secret"
     secret_file.write_text(SECRET + "\n")
@@ -96,8 +120,8 @@ def test_cli_serves_reports_stats_and_survives_kill_restart(tmp_path, caplog):
                       backoff_initial=0.05, backoff_max=0.2)
     try:
         assert wait_until(lambda: c.connected)
-        c.request("c0", 3, 100)
-        assert wait_until(lambda: g.calls == ["c0"])
+        c.request(1, 3, 100)
+        assert wait_until(lambda: g.calls == [1])
 
         r = run_cli("--stats", "%s:%d" % addr, "--secret-file", str(secret_file), env=_env())
         assert r.returncode == 0, r.stderr
@@ -112,15 +136,15 @@ def test_cli_serves_reports_stats_and_survives_kill_restart(tmp_path, caplog):
         with caplog.at_level(logging.WARNING, logger="horovod_prio.arbiter"):
             p.send_signal(signal.SIGKILL)                # killed mid-run
             p.wait(10)
-            c.request("c1", 3, 100)
-            assert wait_until(lambda: "c1" in g.calls)
+            c.request(2, 3, 100)
+            assert wait_until(lambda: 2 in g.calls)
             assert not c.connected
             p2, addr2 = start_arbiter("--bind", "%s:%d" % addr, "--log-level", "DEBUG")
             assert addr2 == addr
             assert wait_until(lambda: c.connected)
-            c.request("c2", 3, 100)
-            assert wait_until(lambda: "c2" in g.calls)
-        assert g.calls == ["c0", "c1", "c2"]
+            c.request(3, 3, 100, "c2")
+            assert wait_until(lambda: 3 in g.calls)
+        assert g.calls == [1, 2, 3]
         k = c.counters
         assert k["arbiter_grants"] == 2 and k["fallback_grants"] == 1 and k["reconnects"] == 1
         assert len([r for r in caplog.records if r.levelno == logging.WARNING]) == 1
@@ -144,7 +168,7 @@ import sys, threading, time
 from horovod_prio.arbiter.client import ArbiterClient
 got = threading.Event()
 c = ArbiterClient(sys.argv[1], "eth0", "crashy", sys.argv[2], lambda ch: got.set(), timeout=1.0)
-c.request("big", 100, 1000)
+c.request(1, 100, 1000, "big")
 got.wait(10)
 print("granted" if c.connected else "local", flush=True)
 time.sleep(60)
@@ -163,12 +187,12 @@ def test_killed_job_frees_the_link():
     try:
         assert job.stdout.readline().strip() == "granted"
         assert wait_until(lambda: c.connected)
-        c.request("mine", 1, 10)
+        c.request(7, 1, 10)
         time.sleep(0.2)
         assert g.calls == []                         # the link is held by the other job
         job.send_signal(signal.SIGKILL)
         job.wait(10)
-        assert wait_until(lambda: g.calls == ["mine"], timeout=5)   # long before the 30 s lease
+        assert wait_until(lambda: g.calls == [7], timeout=5)   # long before the 30 s lease
         st = srv.call(lambda: srv.stats()["links"]["eth0"])
         assert st["dropped"] == 1 and st["expired_leases"] == 0 and st["connected_jobs"] == 1
         assert c.counters["arbiter_grants"] == 1

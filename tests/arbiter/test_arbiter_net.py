@@ -18,21 +18,36 @@ from horovod_prio.arbiter.server import ArbiterServer
 
 pytestmark = pytest.mark.timeout(30)
 
-SECRET = b"test-secret-\x00\xff"
+SECRET = b"test-secret-\x00\xff-16-bytes-or-more"
 LOGGER = "horovod_prio.arbiter"
 
 
 # ------------------------------------------------------------------ helpers
+_KEYS, _NAMES = {}, {}
+_key_lock = threading.Lock()
+
+
+def key(name):
+    """The request key (an int, as the job side's tickets) a test names ``name``;
+    Grants records the names back, so the tests read as before."""
+    with _key_lock:
+        k = _KEYS.get(name)
+        if k is None:
+            k = _KEYS[name] = 1000 + len(_KEYS)
+            _NAMES[k] = name
+        return k
+
+
 class Grants:
-    """Records on_grant calls; thread-safe; waits on conditions."""
+    """Records on_grant calls (as test names); thread-safe; waits on conditions."""
 
     def __init__(self):
         self.calls = []
         self.cv = threading.Condition()
 
-    def __call__(self, chunk):
+    def __call__(self, k):
         with self.cv:
-            self.calls.append(chunk)
+            self.calls.append(_NAMES.get(k, k))
             self.cv.notify_all()
 
     def wait(self, pred, timeout=5.0):
@@ -121,12 +136,11 @@ def raw_connect(addr, secret=SECRET):
     """Authenticated raw socket (for forging / fuzzing after the handshake)."""
     s = socket.create_connection(addr, timeout=5)
     rd = Reader()
-    cn = P.new_nonce()
-    s.sendall(P.frame(P.MAGIC + cn))
-    body = recv_body(s, rd)
-    sn = body[4:4 + P.NONCE_LEN]
-    s.sendall(P.frame(P.client_proof(secret, cn, sn)))
-    return s, rd, P.Session(P.session_key(secret, cn, sn), is_server=False)
+    hs = P.ClientHandshake(secret)
+    s.sendall(hs.hello())
+    s.sendall(hs.on_challenge(recv_body(s, rd)))
+    hs.on_verdict(recv_body(s, rd))
+    return s, rd, hs.session
 
 
 def recv_body(s, rd, timeout=5.0):
@@ -164,19 +178,19 @@ def test_grant_order_across_jobs(server_factory, client_factory):
     c, gc = client_factory(srv.address, "C")
     order = []
     lock = threading.Lock()
-    a.request("hold", 0, 100)
+    a.request(key("hold"), 0, 100)
     assert ga.wait_for("hold")
     for cl, g, chunk, prio in ((b, gb, "b-low", 1), (c, gc, "c-high", 9), (a, ga, "a-mid", 5)):
-        cl.request(chunk, prio, 100)
+        cl.request(key(chunk), prio, 100)
     assert wait_until(lambda: link_stats(srv)["pending"] == 3)
     for cl, g in ((a, ga), (b, gb), (c, gc)):
         g.order, g.lock = order, lock
-    a.complete("hold")
+    a.complete(key("hold"))
     for chunk, (cl, g) in (("c-high", (c, gc)), ("a-mid", (a, ga)), ("b-low", (b, gb))):
         assert g.wait_for(chunk)
         # nothing else was granted while this one holds the link
         assert link_stats(srv)["outstanding_grants"] == 1
-        cl.complete(chunk)
+        cl.complete(key(chunk))
     st = link_stats(srv)
     assert st["grants"] == 4 and st["waits"] == 3 and st["connected_jobs"] == 3
     assert st["grants_per_job"] == {"A": 2, "B": 1, "C": 1}
@@ -193,19 +207,19 @@ def test_credit_and_ties(server_factory, client_factory, order, first, second):
     b, gb = client_factory(srv.address, "B")
     grants = {"A": ga, "B": gb}
     for i in range(3):
-        a.request("a%d" % i, 5, 100)
+        a.request(key("a%d" % i), 5, 100)
     assert ga.wait(lambda calls: len(calls) == 3)
-    b.request("b0", 5, 100)
+    b.request(key("b0"), 5, 100)
     assert wait_until(lambda: link_stats(srv)["pending"] == 1)
-    a.request("a3", 5, 100)
+    a.request(key("a3"), 5, 100)
     assert wait_until(lambda: link_stats(srv)["pending"] == 2)
     time.sleep(0.05)
     assert gb.calls == [] and len(ga.calls) == 3
-    a.complete("a0")
+    a.complete(key("a0"))
     assert grants[first[0].upper()].wait_for(first)
     time.sleep(0.05)
     assert second not in grants[second[0].upper()].calls
-    a.complete("a1")
+    a.complete(key("a1"))
     assert grants[second[0].upper()].wait_for(second)
 
 
@@ -213,50 +227,73 @@ def test_starvation_bound_over_the_wire(server_factory, client_factory):
     srv = server_factory(credit_bytes=1, starvation_bound=2)
     hi, ghi = client_factory(srv.address, "hi")
     lo, glo = client_factory(srv.address, "lo")
-    hi.request("h0", 10, 1)
+    hi.request(key("h0"), 10, 1)
     assert ghi.wait_for("h0")
-    lo.request("low", 0, 1)
+    lo.request(key("low"), 0, 1)
     assert wait_until(lambda: link_stats(srv)["pending"] == 1)     # arrives before h1
-    hi.request("h1", 10, 1)
+    hi.request(key("h1"), 10, 1)
     assert wait_until(lambda: link_stats(srv)["pending"] == 2)
-    hi.complete("h0")
+    hi.complete(key("h0"))
     assert ghi.wait_for("h1")                       # low passed over once
-    hi.request("h2", 10, 1)
+    hi.request(key("h2"), 10, 1)
     assert wait_until(lambda: link_stats(srv)["pending"] == 2)
-    hi.complete("h1")
+    hi.complete(key("h1"))
     assert ghi.wait_for("h2")                       # passed over twice
-    hi.request("h3", 10, 1)
+    hi.request(key("h3"), 10, 1)
     assert wait_until(lambda: link_stats(srv)["pending"] == 2)
-    hi.complete("h2")
+    hi.complete(key("h2"))
     assert glo.wait_for("low")                      # bound reached: granted regardless
     assert "h3" not in ghi.calls
     assert link_stats(srv)["starvation_grants"] == 1
 
 
 def test_lease_expiry_frees_link(server_factory, client_factory):
+    """A job that holds a grant without completing or renewing it (here a raw
+    connection, as a stopped process whose socket stays open) loses it after
+    the lease."""
     srv = server_factory(credit_bytes=100, lease_seconds=0.3)
-    a, ga = client_factory(srv.address, "A")
+    s, rd, sess = raw_connect(srv.address)
+    s.sendall(sess.seal(P.enc_register("A", "L")) + sess.seal(P.enc_request(1, 9, 100, "held")))
+    assert sess.open(recv_body(s, rd))[0] == P.T_REGISTERED
+    assert sess.open(recv_body(s, rd)) == P.enc_token(P.T_GRANT, 1)
     b, gb = client_factory(srv.address, "B")
-    a.request("never-completed", 9, 100)
-    assert ga.wait_for("never-completed")
-    b.request("b", 1, 100)
+    b.request(key("b"), 1, 100)
     assert gb.wait_for("b", timeout=5)              # after A's lease expired
     st = link_stats(srv)
     assert st["expired_leases"] == 1
-    a.complete("never-completed")                   # late: ignored by the arbiter
+    s.sendall(sess.seal(P.enc_token(P.T_COMPLETE, 1)))       # late: ignored by the arbiter
     assert wait_until(lambda: server_counters(srv)["late_completions"] == 1)
     assert link_stats(srv)["outstanding_bytes"] == 100   # only b's grant
-    assert a.counters["fallback_grants"] == 0 and b.counters["fallback_grants"] == 0
+    assert b.counters["fallback_grants"] == 0
+    s.close()
+
+
+def test_grant_held_past_the_lease_is_renewed(server_factory, client_factory):
+    """A slow allreduce: the client holds its grant for many leases; it renews
+    it, so the arbiter never hands the credit to another job meanwhile."""
+    srv = server_factory(credit_bytes=100, lease_seconds=0.6)
+    a, ga = client_factory(srv.address, "A")
+    b, gb = client_factory(srv.address, "B")
+    a.request(key("slow"), 9, 100)
+    assert ga.wait_for("slow")
+    b.request(key("b"), 1, 100)
+    assert not gb.wait_for("b", timeout=2.0)        # > 3 leases: still A's
+    st = link_stats(srv)
+    assert st["expired_leases"] == 0 and st["renewals"] >= 2 and st["outstanding_grants"] == 1
+    assert a.counters["renewals"] >= 2
+    a.complete(key("slow"))
+    assert gb.wait_for("b")
+    assert b.counters["fallback_grants"] == 0 and a.counters["fallback_grants"] == 0
 
 
 def test_disconnect_frees_grants_and_pending(server_factory, client_factory):
     srv = server_factory(credit_bytes=100)
     a, ga = client_factory(srv.address, "A")
     b, gb = client_factory(srv.address, "B")
-    a.request("a0", 9, 100)
+    a.request(key("a0"), 9, 100)
     assert ga.wait_for("a0")
-    a.request("a1", 9, 100)
-    b.request("b0", 1, 100)
+    a.request(key("a1"), 9, 100)
+    b.request(key("b0"), 1, 100)
     assert wait_until(lambda: link_stats(srv)["pending"] == 2)
     a.close()                                        # the job "crashes"
     assert gb.wait_for("b0")
@@ -270,12 +307,12 @@ def test_waiting_behind_other_jobs_is_not_a_fallback(server_factory, client_fact
     srv = server_factory(credit_bytes=100)
     a, ga = client_factory(srv.address, "A", timeout=0.1)
     b, gb = client_factory(srv.address, "B", timeout=0.1)
-    a.request("big", 9, 100)
+    a.request(key("big"), 9, 100)
     assert ga.wait_for("big")
-    b.request("b", 1, 100)
+    b.request(key("b"), 1, 100)
     time.sleep(0.8)                                  # 8 x timeout
     assert gb.calls == [] and b.connected
-    a.complete("big")
+    a.complete(key("big"))
     assert gb.wait_for("b")
     assert b.counters["fallback_grants"] == 0 and b.counters["arbiter_grants"] == 1
     assert b.counters["wait_seconds_max"] >= 0.7
@@ -285,14 +322,14 @@ def test_max_wait_cancels_and_grants_locally_once(server_factory, client_factory
     srv = server_factory(credit_bytes=100)
     a, ga = client_factory(srv.address, "A")
     b, gb = client_factory(srv.address, "B", max_wait=0.3)
-    a.request("hold", 9, 100)
+    a.request(key("hold"), 9, 100)
     assert ga.wait_for("hold")
     with caplog.at_level(logging.WARNING, logger=LOGGER):
-        b.request("b", 1, 100)
+        b.request(key("b"), 1, 100)
         assert gb.wait_for("b")
     assert b.counters["max_wait_cancels"] == 1 and b.counters["fallback_grants"] == 1
     assert wait_until(lambda: link_stats(srv)["cancelled"] == 1)
-    a.complete("hold")
+    a.complete(key("hold"))
     time.sleep(0.1)
     assert gb.calls == ["b"] and b.connected
     assert sum("waited more than" in r.getMessage() for r in caplog.records) == 1
@@ -301,13 +338,13 @@ def test_max_wait_cancels_and_grants_locally_once(server_factory, client_factory
 def test_stats_request(server_factory, client_factory):
     srv = server_factory(credit_bytes=100)
     a, ga = client_factory(srv.address, "A", link="eth0")
-    a.request("x", 1, 10)
+    a.request(key("x"), 1, 10)
     assert ga.wait_for("x")
     st = fetch_stats(srv.address, SECRET)
     assert st["links"]["eth0"]["grants"] == 1
     assert st["links"]["eth0"]["connected_jobs"] == 1
-    for key in ("waits", "wait_seconds_total", "expired_leases", "outstanding_bytes"):
-        assert key in st["links"]["eth0"]
+    for name in ("waits", "wait_seconds_total", "expired_leases", "outstanding_bytes"):
+        assert name in st["links"]["eth0"]
     assert st["server"]["auth_failures"] == 0
     with pytest.raises(Exception):
         fetch_stats(srv.address, b"wrong", timeout=2)
@@ -319,7 +356,7 @@ def test_wrong_secret_rejected_and_client_falls_back(server_factory, client_fact
     with caplog.at_level(logging.WARNING, logger=LOGGER):
         c, g = client_factory(srv.address, "evil", secret=b"wrong", timeout=0.2, wait_connected=False,
                               backoff_initial=0.05, backoff_max=0.1)
-        c.request("x", 99, 1)
+        c.request(key("x"), 99, 1)
         assert g.wait_for("x")
         time.sleep(0.4)                              # several failed reconnects
     assert not c.connected
@@ -331,18 +368,33 @@ def test_wrong_secret_rejected_and_client_falls_back(server_factory, client_fact
     assert "authentication" in warnings[0].getMessage()
 
 
-def test_bad_client_proof_closes_connection(server_factory):
+def test_server_reveals_nothing_derived_from_the_secret_before_the_client_proves(server_factory):
+    """No offline guessing oracle: before the client proves, the arbiter sends
+    only MAGIC + its nonce; a wrong proof gets a bare "rejected" and a close."""
+    import hmac
     srv = server_factory()
     s = socket.create_connection(srv.address, timeout=5)
     rd = Reader()
     cn = P.new_nonce()
     s.sendall(P.frame(P.MAGIC + cn))
     body = recv_body(s, rd)
-    sn = body[4:4 + P.NONCE_LEN]
-    assert body[4 + P.NONCE_LEN:] == P.server_proof(SECRET, cn, sn)
-    s.sendall(P.frame(P.client_proof(b"guess", cn, sn)))
-    assert is_closed_by_peer(s)
+    assert body[:4] == P.MAGIC and len(body) == 4 + P.NONCE_LEN
+    sn = body[4:]
+    s.sendall(P.frame(hmac.digest(b"a guess", b"cli" + P.MAGIC + cn + sn, "sha256")))
+    s.settimeout(5)
+    rest = b""
+    try:
+        while True:
+            data = s.recv(65536)
+            if not data:
+                break
+            rest += data
+    except ConnectionResetError:
+        pass
+    assert rest == P.frame(b"\x01")                 # rejected; nothing else
     assert server_counters(srv)["auth_failures"] == 1
+    assert srv.call(lambda: len(srv.conns)) == 0
+    s.close()
 
 
 def test_forged_and_replayed_frames_rejected(server_factory, client_factory):
@@ -356,7 +408,7 @@ def test_forged_and_replayed_frames_rejected(server_factory, client_factory):
     req = sess.seal(P.enc_request(1, 100, 100, "x"))
     s.sendall(req)
     assert sess.open(recv_body(s, rd)) == P.enc_token(P.T_GRANT, 1)
-    victim.request("v", 1, 100)
+    victim.request(key("v"), 1, 100)
     assert wait_until(lambda: link_stats(srv)["pending"] == 1)
     # a forged COMPLETE (wrong MAC) must not free the link; it kills the connection
     body = P.enc_token(P.T_COMPLETE, 1)
@@ -379,8 +431,8 @@ def test_forged_and_replayed_frames_rejected(server_factory, client_factory):
     assert is_closed_by_peer(s3)
     assert server_counters(srv)["protocol_errors"] == 3
     # the victim's client is unaffected and still served by the arbiter
-    victim.complete("v")
-    victim.request("v2", 1, 100)
+    assert victim.complete(key("v"))
+    victim.request(key("v2"), 1, 100)
     assert gv.wait_for("v2")
     assert victim.counters["fallback_grants"] == 0
     for x in (s, s2, s3):
@@ -403,9 +455,9 @@ def test_malformed_input_fuzz_server_survives(server_factory, client_factory):
     n_done = 0
 
     def check_good(i):
-        good.request("g%d" % i, 1, 10)
+        good.request(key("g%d" % i), 1, 10)
         assert gg.wait_for("g%d" % i), "legit client not served after fuzz case %d" % i
-        good.complete("g%d" % i)
+        good.complete(key("g%d" % i))
 
     # 1) unauthenticated garbage: random bytes, bad lengths, oversized frames
     pre = [b"", b"\0\0\0\0", struct.pack(">I", P.MAX_FRAME + 1) + b"x" * 10,
@@ -482,10 +534,10 @@ def test_unreachable_arbiter_grants_locally(client_factory, caplog):
         c, g = client_factory(("127.0.0.1", port), "A", timeout=0.05, wait_connected=False,
                               backoff_initial=0.02, backoff_max=0.05)
         for i in range(20):
-            c.request("c%d" % i, i, 100)
+            c.request(key("c%d" % i), i, 100)
         assert g.wait(lambda calls: len(calls) == 20)
         time.sleep(0.3)                              # several failed reconnect attempts
-        c.request("late", 0, 1)
+        c.request(key("late"), 0, 1)
         assert g.wait_for("late")
     assert not c.connected
     assert sorted(g.count().values()) == [1] * 21
@@ -514,10 +566,10 @@ def test_arbiter_that_accepts_but_never_answers(client_factory, caplog):
         with caplog.at_level(logging.WARNING, logger=LOGGER):
             c, g = client_factory(lsock.getsockname(), "A", timeout=0.05, wait_connected=False,
                                   handshake_timeout=0.2, backoff_initial=0.05, backoff_max=0.1)
-            c.request("x", 1, 1)
+            c.request(key("x"), 1, 1)
             assert g.wait_for("x", timeout=2)
             time.sleep(0.6)                          # reconnects, which also hang
-            c.request("y", 1, 1)
+            c.request(key("y"), 1, 1)
             assert g.wait_for("y", timeout=2)
         assert c.counters["fallback_grants"] == 2 and not c.connected
         assert len(accepted) >= 2
@@ -535,23 +587,23 @@ def test_arbiter_killed_mid_run_then_restarted(server_factory, client_factory, c
     port = srv.address[1]
     a, ga = client_factory(srv.address, "A", timeout=0.2, backoff_initial=0.05, backoff_max=0.1)
     b, gb = client_factory(srv.address, "B", timeout=0.2, backoff_initial=0.05, backoff_max=0.1)
-    a.request("a0", 9, 100)
+    a.request(key("a0"), 9, 100)
     assert ga.wait_for("a0")
     for i in range(5):
-        b.request("b%d" % i, 1, 100)                # queued behind a0
+        b.request(key("b%d" % i), 1, 100)                # queued behind a0
     assert wait_until(lambda: link_stats(srv)["pending"] == 5)
     with caplog.at_level(logging.INFO, logger=LOGGER):
         srv.stop()                                   # killed: connections reset
         assert gb.wait(lambda calls: len(calls) == 5)
         assert wait_until(lambda: not a.connected and not b.connected)
-        a.complete("a0")                             # completion of an old-session grant: harmless
-        a.request("during", 1, 100)
+        a.complete(key("a0"))                             # completion of an old-session grant: harmless
+        a.request(key("during"), 1, 100)
         assert ga.wait_for("during")
-        a.complete("during")
+        a.complete(key("during"))
         time.sleep(0.3)                              # failed reconnects: no extra warnings
         srv2 = server_factory(port=port, credit_bytes=100)
         assert wait_until(lambda: a.connected and b.connected, timeout=5)
-        a.request("after", 1, 100)
+        a.request(key("after"), 1, 100)
         assert ga.wait_for("after")
         assert link_stats(srv2)["grants_per_job"] == {"A": 1}     # went through the new arbiter
     ca, cb = a.counters, b.counters
@@ -568,9 +620,9 @@ def test_hung_arbiter_mid_run_detected_by_heartbeat(server_factory, client_facto
     srv = server_factory(credit_bytes=100)
     a, ga = client_factory(srv.address, "A", timeout=0.1, backoff_initial=0.05, backoff_max=0.1)
     b, gb = client_factory(srv.address, "B", timeout=0.1, backoff_initial=0.05, backoff_max=0.1)
-    a.request("hold", 9, 100)
+    a.request(key("hold"), 9, 100)
     assert ga.wait_for("hold")
-    b.request("queued", 1, 100)
+    b.request(key("queued"), 1, 100)
     assert wait_until(lambda: link_stats(srv)["pending"] == 1)
     srv.call_soon(time.sleep, 1.5)  # the arbiter hangs
     t0 = time.monotonic()
@@ -579,8 +631,8 @@ def test_hung_arbiter_mid_run_detected_by_heartbeat(server_factory, client_facto
     assert b.counters["fallback_grants"] == 1
     # after the hang the clients reconnect and use the arbiter again
     assert wait_until(lambda: a.connected and b.connected, timeout=5)
-    a.complete("hold")          # (dropped already if A fell back as well)
-    b.request("again", 1, 100)
+    a.complete(key("hold"))          # (dropped already if A fell back as well)
+    b.request(key("again"), 1, 100)
     assert gb.wait_for("again")
     assert b.counters["arbiter_grants"] == 1
     assert gb.count() == {"queued": 1, "again": 1}
@@ -591,7 +643,7 @@ def test_request_to_hung_arbiter_falls_back(server_factory, client_factory):
     a, ga = client_factory(srv.address, "A", timeout=0.1)
     srv.call_soon(time.sleep, 1.0)
     time.sleep(0.02)
-    a.request("x", 1, 1)
+    a.request(key("x"), 1, 1)
     assert ga.wait_for("x", timeout=0.9)            # no GRANT/QUEUED within timeout
     assert a.counters["fallback_grants"] == 1
 
@@ -626,12 +678,10 @@ class FakeArbiter:
     def _serve(self, s):
         rd = Reader()
         try:
-            body = recv_body(s, rd)
-            cn = body[4:]
-            sn = P.new_nonce()
-            s.sendall(P.frame(P.MAGIC + sn + P.server_proof(SECRET, cn, sn)))
-            recv_body(s, rd)                        # proof (not checked: test double)
-            sess = P.Session(P.session_key(SECRET, cn, sn), is_server=True)
+            hs = P.ServerHandshake(SECRET)
+            s.sendall(hs.on_hello(recv_body(s, rd)))
+            reply, sess = hs.on_proof(recv_body(s, rd))
+            s.sendall(reply)
             conn = (s, sess, threading.Lock())
             queue = rd.backlog
             s.settimeout(0.05)
@@ -676,7 +726,7 @@ def test_exactly_once_when_late_grant_races_the_timeout(client_factory):
     def on_payload(conn, p):
         kind = p[0]
         if kind == P.T_REGISTER:
-            FakeArbiter.send(conn, P.enc_empty(P.T_REGISTERED))
+            FakeArbiter.send(conn, P.enc_registered(10.0))
         elif kind == P.T_REQUEST:
             token = P.dec_request(p)[0]
             delay = timeout * rng.uniform(0.5, 1.5)
@@ -692,7 +742,7 @@ def test_exactly_once_when_late_grant_races_the_timeout(client_factory):
         end = time.monotonic() + 2.0
         while time.monotonic() < end and n < 200:
             for _ in range(rng.randint(1, 4)):
-                c.request("k%d" % n, 1, 1)
+                c.request(key("k%d" % n), 1, 1)
                 n += 1
             time.sleep(rng.uniform(0, 0.01))
         assert g.wait(lambda calls: len(calls) >= n, timeout=5)
@@ -713,7 +763,7 @@ def test_exactly_once_grant_after_cancel_ignored(client_factory):
     def on_payload(conn, p):
         kind = p[0]
         if kind == P.T_REGISTER:
-            FakeArbiter.send(conn, P.enc_empty(P.T_REGISTERED))
+            FakeArbiter.send(conn, P.enc_registered(10.0))
         elif kind == P.T_REQUEST:
             FakeArbiter.send(conn, P.enc_token(P.T_QUEUED, P.dec_request(p)[0]))
         elif kind == P.T_CANCEL:
@@ -726,7 +776,7 @@ def test_exactly_once_grant_after_cancel_ignored(client_factory):
     fake = FakeArbiter(on_payload)
     try:
         c, g = client_factory(fake.address, "A", timeout=0.5, max_wait=0.1)
-        c.request("x", 1, 1)
+        c.request(key("x"), 1, 1)
         assert g.wait_for("x")
         assert wait_until(lambda: cancelled)
         time.sleep(0.2)
@@ -737,13 +787,17 @@ def test_exactly_once_grant_after_cancel_ignored(client_factory):
 
 
 def test_exactly_once_under_concurrency_and_arbiter_restarts(server_factory, client_factory):
+    """Threads request, complete and cancel while the arbiter is killed and
+    restarted twice: every request not cancelled gets exactly one on_grant, a
+    cancelled one at most one, and none after its cancel() returned."""
     srv = server_factory(credit_bytes=1000, lease_seconds=0.5)
     port = srv.address[1]
     clients = []
     for j in range(4):
         clients.append(client_factory(srv.address, "J%d" % j, timeout=0.2, backoff_initial=0.01,
                                       backoff_max=0.05))
-    issued = collections.Counter()
+    issued = {}                 # chunk -> Grants of its client
+    cancelled = {}              # chunk -> on_grant calls seen when cancel() returned
     issued_lock = threading.Lock()
     stop = threading.Event()
 
@@ -753,12 +807,19 @@ def test_exactly_once_under_concurrency_and_arbiter_restarts(server_factory, cli
         while not stop.is_set():
             chunk = "w%d-%d" % (wid, i)
             i += 1
-            c.request(chunk, rng.randint(0, 10), rng.choice([10, 100, 400]))
+            c.request(key(chunk), rng.randint(0, 10), rng.choice([10, 100, 400]))
             with issued_lock:
-                issued[(id(g), chunk)] += 1
-            if rng.random() < 0.7:
-                g.wait_for(chunk, timeout=2)
-                c.complete(chunk)
+                issued[chunk] = g
+            x = rng.random()
+            if x < 0.6:
+                assert g.wait_for(chunk, timeout=5)
+                c.complete(key(chunk))
+            else:
+                if x < 0.8:
+                    time.sleep(rng.uniform(0, 0.002))
+                assert c.cancel(key(chunk)) is True
+                with issued_lock:
+                    cancelled[chunk] = g.count()[chunk]
             time.sleep(rng.uniform(0, 0.003))
 
     threads = []
@@ -778,41 +839,60 @@ def test_exactly_once_under_concurrency_and_arbiter_restarts(server_factory, cli
     for t in threads:
         t.join(5)
     for c, g in clients:
-        want = sum(1 for (gid, _), n in issued.items() if gid == id(g))
-        assert g.wait(lambda calls: len(calls) >= want, timeout=5)
+        want = sum(1 for ch, gg in issued.items() if gg is g and ch not in cancelled)
+        assert g.wait(lambda calls: len(set(calls) - set(cancelled)) >= want, timeout=5)
     time.sleep(0.2)
-    total_arbiter = total_fallback = 0
+    total_arbiter = 0
     for c, g in clients:
         cnt = g.count()
-        want = {chunk for (gid, chunk) in issued if gid == id(g)}
-        assert set(cnt) == want
-        assert set(cnt.values()) == {1}
+        mine = {ch for ch, gg in issued.items() if gg is g}
+        assert set(cnt) <= mine
+        for ch in mine:
+            if ch in cancelled:
+                assert cnt[ch] == cancelled[ch] <= 1, ch     # nothing after cancel() returned
+            else:
+                assert cnt[ch] == 1, ch
         k = c.counters
-        assert k["grants"] == k["requests"] == len(want) and k["pending"] == 0
+        assert k["requests"] == len(mine) and k["pending"] == 0 and k["outstanding"] == 0
+        assert k["grants"] == sum(cnt.values())
+        assert k["cancels"] == sum(1 for ch in mine if ch in cancelled)
         total_arbiter += k["arbiter_grants"]
-        total_fallback += k["fallback_grants"]
     assert total_arbiter > 0
     assert all(c.connected for c, _ in clients)
+    st = link_stats(servers[-1])
+    assert st["pending"] == 0 and st["outstanding_grants"] == 0     # the cancels freed the link
 
 
 def test_request_validation_and_close(server_factory, client_factory):
     srv = server_factory()
     c, g = client_factory(srv.address, "A")
-    for args, field in ((("x" * 300, 1, 1), "chunk_id"), ((1, 1, 1), "chunk_id"),
-                        (("x", 1.5, 1), "priority"), (("x", 2 ** 63, 1), "priority"),
-                        (("x", 1, -1), "nbytes"), (("x", True, 1), "priority")):
+    for args, field in (((1, 1, 1, "x" * 300), "label"), ((1, 1, 1, 5), "label"),
+                        (("x", 1, 1), "key"), ((-1, 1, 1), "key"), ((2 ** 64, 1, 1), "key"),
+                        ((True, 1, 1), "key"), ((1, 1.5, 1), "priority"), ((1, 2 ** 63, 1), "priority"),
+                        ((1, 1, -1), "nbytes"), ((1, True, 1), "priority")):
         with pytest.raises(ValueError, match=field):
             c.request(*args)
-    assert c.complete("never-granted") is False
+    c.request(key("dup"), 1, 1)
+    with pytest.raises(ValueError, match="already pending or granted"):
+        c.request(key("dup"), 1, 1)                 # a key is unique while it lives
+    assert g.wait_for("dup")
+    with pytest.raises(ValueError, match="already pending or granted"):
+        c.request(key("dup"), 1, 1)
+    assert c.complete(key("dup")) is True
+    assert c.complete(key("dup")) is False          # once
+    assert c.complete(key("never-granted")) is False
+    assert c.cancel(key("never-requested")) is False
     c.close()
     with pytest.raises(RuntimeError):
-        c.request("x", 1, 1)
+        c.request(key("x"), 1, 1)
     with pytest.raises(ValueError, match="address"):
         ArbiterClient("nohostport", "L", "j", SECRET, lambda c: None)
     with pytest.raises(ValueError, match="secret"):
         ArbiterClient(srv.address, "L", "j", "", lambda c: None)
     with pytest.raises(ValueError, match="link"):
         ArbiterClient(srv.address, "", "j", SECRET, lambda c: None)
+    with pytest.raises(ValueError, match="job_class"):
+        ArbiterClient(srv.address, "L", "j", SECRET, lambda c: None, job_class=2 ** 31)
 
 
 def test_on_grant_may_reenter_and_errors_are_contained(server_factory, client_factory):
@@ -820,88 +900,314 @@ def test_on_grant_may_reenter_and_errors_are_contained(server_factory, client_fa
     seen = []
     holder = {}
 
-    def on_grant(chunk):
+    def on_grant(k):
+        chunk = _NAMES[k]
         seen.append(chunk)
         if chunk == "first":
-            holder["c"].complete("first")
-            holder["c"].request("second", 1, 1)      # re-entrant call from the I/O thread
+            holder["c"].complete(key("first"))
+            holder["c"].request(key("second"), 1, 1)      # re-entrant call from the I/O thread
         if chunk == "boom":
             raise RuntimeError("callback bug")
 
     c, _ = client_factory(srv.address, "A", on_grant=on_grant)
     holder["c"] = c
-    c.request("first", 1, 1)
+    c.request(key("first"), 1, 1)
     assert wait_until(lambda: "second" in seen)
-    c.request("boom", 1, 1)
-    c.request("after", 1, 1)
+    c.request(key("boom"), 1, 1)
+    c.request(key("after"), 1, 1)
     assert wait_until(lambda: "after" in seen)
     assert seen == ["first", "second", "boom", "after"]
 
 
-def test_client_from_config(clean_env):
+def cfg(**kw):
+    """A config as client_from_config reads it (attributes of PriorityConfig)."""
+    import types
+    base = dict(arbiter=None, link=None, job_id=None, arbiter_secret=None, arbiter_timeout=None)
+    base.update(kw)
+    return types.SimpleNamespace(**base)
+
+
+def test_client_from_config(tmp_path):
     from horovod_prio.arbiter.client import client_from_config
-    from horovod_prio.config import PriorityConfig
-    assert client_from_config(PriorityConfig.from_env({}), lambda c: None) is None
-    assert client_from_config(PriorityConfig.from_env({"HOROVOD_PRIO_LINK": "eth0"}), lambda c: None) is None
+    assert client_from_config(cfg(), lambda c: None) is None
+    assert client_from_config(cfg(link="eth0"), lambda c: None) is None
     with pytest.raises(ValueError, match="HOROVOD_PRIO_ARBITER_SECRET"):
-        client_from_config(PriorityConfig.from_env({"HOROVOD_PRIO_ARBITER": "127.0.0.1:1",
-                                                    "HOROVOD_PRIO_LINK": "eth0"}), lambda c: None)
-    srv = ArbiterServer("127.0.0.1", 0, "ascii-secret", credit_bytes=100)
+        client_from_config(cfg(arbiter="127.0.0.1:1", link="eth0"), lambda c: None)
+    missing = tmp_path / "missing"
+    with pytest.raises(ValueError, match="cannot read .*%s" % missing.name):
+        client_from_config(cfg(arbiter="127.0.0.1:1", link="eth0", arbiter_secret_file=str(missing)),
+                           lambda c: None)
+    empty = tmp_path / "empty"
+    empty.write_text(" \n")
+    with pytest.raises(ValueError, match="empty.* is empty"):
+        client_from_config(cfg(arbiter="127.0.0.1:1", link="eth0", arbiter_secret_file=str(empty)),
+                           lambda c: None)
+    secret = "ascii-secret-long-enough"
+    srv = ArbiterServer("127.0.0.1", 0, secret, credit_bytes=100)
     srv.start()
-    env = {"HOROVOD_PRIO_ARBITER": "127.0.0.1:%d" % srv.address[1], "HOROVOD_PRIO_LINK": "eth0",
-           "HOROVOD_PRIO_JOB_ID": "cfg-job", "HOROVOD_PRIO_ARBITER_SECRET": "ascii-secret",
-           "HOROVOD_PRIO_ARBITER_TIMEOUT": "0.5"}
-    g = Grants()
-    c = client_from_config(PriorityConfig.from_env(env), g)
+    path = tmp_path / "secret"
+    path.write_text(secret + "\n")
+    clients = []
     try:
-        assert c.timeout == 0.5 and c.link == "eth0" and c.job_id == "cfg-job"
+        g = Grants()
+        c = client_from_config(cfg(arbiter="127.0.0.1:%d" % srv.address[1], link="eth0",
+                                   job_id="cfg-job", arbiter_secret=secret, arbiter_timeout=0.5), g)
+        clients.append(c)
+        assert c.timeout == 0.5 and c.link == "eth0" and c.job_id == "cfg-job" and c.job_class == 0
         assert wait_until(lambda: c.connected)
-        c.request("x", 1, 10)
+        c.request(key("x"), 1, 10)
         assert g.wait_for("x")
         assert c.counters["arbiter_grants"] == 1
-        assert link_stats(srv, "eth0")["grants_per_job"] == {"cfg-job": 1}
+        # the secret from a file (whole file, stripped), the class from job_priority
+        c2 = client_from_config(cfg(arbiter="127.0.0.1:%d" % srv.address[1], link="eth0",
+                                    job_id="filed", arbiter_secret_file=str(path), job_priority=3),
+                                Grants())
+        clients.append(c2)
+        assert c2.job_class == 3 and c2.job_id == "filed"
+        assert wait_until(lambda: c2.connected)
+        st = link_stats(srv, "eth0")
+        assert st["grants_per_job"] == {"cfg-job": 1}
+        assert st["job_classes"] == {"cfg-job": 0, "filed": 3}
     finally:
-        c.close()
+        for c in clients:
+            c.close()
         srv.stop()
+
+
+def test_short_secret_is_warned_about_on_both_sides(caplog):
+    with caplog.at_level(logging.WARNING, logger=LOGGER):
+        srv = ArbiterServer("127.0.0.1", 0, "short", credit_bytes=100)
+        c = ArbiterClient(("127.0.0.1", 1), "L", "j", "short", lambda k: None, timeout=0.05)
+        c.close()
+    msgs = [r.getMessage() for r in caplog.records if r.name == LOGGER]
+    assert sum("only 5 bytes" in m for m in msgs) == 2, msgs
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger=LOGGER):
+        ArbiterServer("127.0.0.1", 0, "x" * 16)
+    assert not [r for r in caplog.records if "bytes; use at least" in r.getMessage()]
+    del srv
 
 
 def test_internal_error_in_io_thread_grants_locally(server_factory, client_factory, monkeypatch):
     srv = server_factory(credit_bytes=100)
     a, ga = client_factory(srv.address, "A")
     b, gb = client_factory(srv.address, "B", backoff_initial=0.01, backoff_max=0.02)
-    a.request("hold", 9, 100)
+    a.request(key("hold"), 9, 100)
     assert ga.wait_for("hold")
-    b.request("queued", 1, 100)
+    b.request(key("queued"), 1, 100)
     assert wait_until(lambda: link_stats(srv)["pending"] == 1)
     boom = {"n": 1}
-    orig = ArbiterClient._timers_locked
+    orig = ArbiterClient._timers
 
-    def broken(self, now, cbs):
+    def broken(self, now):
         if self is b and boom["n"]:
             boom["n"] -= 1
             raise RuntimeError("injected bug")
-        return orig(self, now, cbs)
-    monkeypatch.setattr(ArbiterClient, "_timers_locked", broken)
+        return orig(self, now)
+    monkeypatch.setattr(ArbiterClient, "_timers", broken)
     b._wake()
     assert gb.wait_for("queued")                     # granted locally, once
     assert wait_until(lambda: b.connected)           # and back on the arbiter
-    b.request("next", 1, 10)
-    a.complete("hold")
+    b.request(key("next"), 1, 10)
+    a.complete(key("hold"))
     assert gb.wait_for("next")
     assert gb.count() == {"queued": 1, "next": 1}
     assert b.counters["arbiter_grants"] == 1
 
 
-def test_connection_limit(server_factory, client_factory):
-    srv = server_factory(max_connections=3, handshake_timeout=5)
+def test_handshakes_cannot_fill_the_connection_table(server_factory, client_factory):
+    """Unauthenticated connections have their own small table and a short
+    deadline: a flood of them is refused beyond max_handshakes, registered jobs
+    keep being served meanwhile, and new jobs get in once the flood times out.
+    Authenticated connections are bounded by max_connections."""
+    srv = server_factory(max_handshakes=3, max_connections=2, handshake_timeout=0.5)
+    a, ga = client_factory(srv.address, "A")
     idle = [socket.create_connection(srv.address, timeout=5) for _ in range(3)]
-    assert wait_until(lambda: srv.call(lambda: len(srv.conns)) == 3)
+    assert wait_until(lambda: srv.call(lambda: len(srv.handshaking)) == 3)
     extra = socket.create_connection(srv.address, timeout=5)
     assert is_closed_by_peer(extra)
-    assert server_counters(srv)["rejected_connections"] == 1
-    for s in idle + [extra]:
+    assert server_counters(srv)["rejected_connections"] >= 1
+    a.request(key("during-flood"), 1, 1)             # the registered job is still served
+    assert ga.wait_for("during-flood")
+    for s in idle:                                   # the flood times out
+        assert is_closed_by_peer(s)
+    b, gb = client_factory(srv.address, "B")         # a new job gets in
+    b.request(key("b"), 1, 1)
+    assert gb.wait_for("b")
+    before = server_counters(srv)["rejected_connections"]
+    third = socket.create_connection(srv.address, timeout=5)     # 2 authenticated: table full
+    assert is_closed_by_peer(third)
+    assert server_counters(srv)["rejected_connections"] == before + 1
+    assert a.counters["fallback_grants"] == 0 and b.counters["fallback_grants"] == 0
+    for s in idle + [extra, third]:
         s.close()
-    assert wait_until(lambda: srv.call(lambda: len(srv.conns)) == 0)
-    c, g = client_factory(srv.address, "A")          # served again once the flood is gone
-    c.request("x", 1, 1)
-    assert g.wait_for("x")
+
+
+# ------------------------------------------------------------------ cancel, classes, stats size
+def test_cancel_withdraws_pending_and_granted_requests_at_once(server_factory, client_factory):
+    srv = server_factory(credit_bytes=100, lease_seconds=30)
+    a, ga = client_factory(srv.address, "A")
+    b, gb = client_factory(srv.address, "B")
+    c, gc = client_factory(srv.address, "C")
+    a.request(key("hold"), 9, 100)
+    assert ga.wait_for("hold")
+    b.request(key("b-queued"), 5, 100)
+    c.request(key("c-queued"), 1, 100)
+    assert wait_until(lambda: link_stats(srv)["pending"] == 2)
+    assert b.cancel(key("b-queued")) is True         # pending at the arbiter: dropped now
+    assert wait_until(lambda: link_stats(srv)["pending"] == 1)
+    assert link_stats(srv)["cancelled"] == 1
+    assert a.cancel(key("hold")) is True             # granted: released now, not after the lease
+    assert gc.wait_for("c-queued")
+    time.sleep(0.1)
+    assert gb.calls == [] and b.counters["pending"] == 0 and b.counters["cancels"] == 1
+    assert a.complete(key("hold")) is False and a.cancel(key("hold")) is False
+    st = link_stats(srv)
+    assert st["expired_leases"] == 0 and st["completions"] == 1 and st["outstanding_grants"] == 1
+    for cl in (a, b, c):
+        assert cl.counters["fallback_grants"] == 0
+
+
+def test_no_on_grant_after_cancel_even_if_the_grant_arrives_late(client_factory):
+    """The arbiter's GRANT crosses the client's CANCEL on the wire: ignored."""
+    cancelled = []
+
+    def on_payload(conn, p):
+        kind = p[0]
+        if kind == P.T_REGISTER:
+            FakeArbiter.send(conn, P.enc_registered(10.0))
+        elif kind == P.T_REQUEST:
+            FakeArbiter.send(conn, P.enc_token(P.T_QUEUED, P.dec_request(p)[0]))
+        elif kind == P.T_CANCEL:
+            tok = P.dec_token(p)
+            cancelled.append(tok)
+            FakeArbiter.send(conn, P.enc_token(P.T_GRANT, tok))   # too late
+        elif kind == P.T_PING:
+            FakeArbiter.send(conn, P.enc_token(P.T_PONG, P.dec_token(p)))
+
+    fake = FakeArbiter(on_payload)
+    try:
+        c, g = client_factory(fake.address, "A", timeout=0.5)
+        c.request(key("x"), 1, 1)
+        assert wait_until(lambda: c.counters["pending"] == 1)
+        time.sleep(0.05)                             # QUEUED arrived
+        assert c.cancel(key("x")) is True
+        assert wait_until(lambda: cancelled == [key("x")])
+        c.request(key("y"), 1, 1)                    # the connection is still fine
+        time.sleep(0.2)
+        assert g.calls == [] and c.connected
+        assert c.counters["grants"] == 0 and c.counters["cancels"] == 1
+    finally:
+        fake.close()
+
+
+def test_job_class_outranks_priorities_but_the_low_class_progresses(server_factory, client_factory):
+    """A class-1 job keeps the link busy with priority-0 chunks; the class-0
+    job's priority-100 chunks wait behind them, yet each is granted once passed
+    over K times (starvation bound): the class-0 job still progresses."""
+    K = 2
+    srv = server_factory(credit_bytes=1, starvation_bound=K)
+    hi, ghi = client_factory(srv.address, "hi", job_class=1)
+    lo, glo = client_factory(srv.address, "lo")
+    sent = [0]
+
+    def ask(client, name, prio):
+        client.request(key(name), prio, 1)
+        sent[0] += 1
+        assert wait_until(lambda: (lambda st: st["waits"] + st["immediate_grants"])(link_stats(srv))
+                          == sent[0])           # the arbiter has it before the next step
+
+    ask(hi, "h0", 0)
+    assert ghi.wait_for("h0")
+    ask(lo, "l0", 100)
+    order, cur = [], "h0"
+    for i in range(1, 9):
+        ask(hi, "h%d" % i, 0)                       # the high class always has one waiting
+        if i == 4:
+            ask(lo, "l1", 100)
+        (lo if cur.startswith("l") else hi).complete(key(cur))
+        assert wait_until(lambda: len(ghi.calls) + len(glo.calls) == len(order) + 2)
+        cur = [n for n in ghi.calls + glo.calls if n not in order and n != "h0"][0]
+        order.append(cur)
+    # l0 passed over by h1, h2; l1 (asked after h4) by h5, h6
+    assert order == ["h1", "h2", "l0", "h3", "h4", "h5", "h6", "l1"]
+    st = link_stats(srv)
+    assert st["job_classes"] == {"hi": 1, "lo": 0}
+    assert st["starvation_grants"] == 2
+
+
+def test_stats_stay_valid_with_500_jobs_on_200_links(server_factory, client_factory):
+    """The JSON is far beyond one frame (64 KiB): it arrives in fragments and parses."""
+    srv = server_factory(credit_bytes=1 << 30)
+    a, ga = client_factory(srv.address, "real-job", link="link-000")
+
+    def populate():
+        for i in range(500):
+            job = srv.arbiter.register("job-%03d-%s" % (i, "x" * 80), "link-%03d" % (i % 200),
+                                       None, i % 3)
+            srv.arbiter.request(job, 1, 0, 1000, "c")
+    srv.call(populate)
+    st = fetch_stats(srv.address, SECRET, timeout=10)
+    size = len(__import__("json").dumps(st))
+    assert size > 2 * P.MAX_FRAME
+    assert len(st["links"]) == 200
+    jobs = {j for ln in st["links"].values() for j in ln["job_classes"]}
+    assert len(jobs) == 501                         # connected: 500 + the real one
+    assert sum(len(ln["grants_per_job"]) for ln in st["links"].values()) == 500
+    assert st["links"]["link-007"]["job_classes"]["job-007-" + "x" * 80] == 1
+    assert st["server"]["connected"] == 2            # the job and this stats connection
+    a.request(key("after-stats"), 1, 1)              # the service is unaffected
+    assert ga.wait_for("after-stats")
+
+
+def test_cancel_during_its_on_grant_returns_after_it(server_factory, client_factory):
+    """cancel(key) while on_grant(key) runs in the I/O thread returns only once
+    that call returned, so no on_grant(key) runs after cancel; cancel from
+    inside on_grant (same thread) does not wait for itself."""
+    import threading as th
+    srv = server_factory(credit_bytes=1 << 20)
+    entered, release = th.Event(), th.Event()
+    calls = []
+    holder = {}
+
+    def on_grant(k):
+        if _NAMES[k] in ("slow", "slow-completes"):
+            entered.set()
+            release.wait(5)
+        if _NAMES[k] == "slow-completes":
+            holder["c"].complete(k)
+        if _NAMES[k] == "self-cancel":
+            holder["self"] = holder["c"].cancel(k)
+        calls.append(_NAMES[k])
+
+    c, _ = client_factory(srv.address, "A", on_grant=on_grant)
+    holder["c"] = c
+    c.request(key("slow"), 1, 1)
+    assert entered.wait(5)
+    seen = {}
+
+    def cancel():
+        seen["ret"] = c.cancel(key("slow"))
+        seen["calls"] = list(calls)
+    t = th.Thread(target=cancel)
+    t.start()
+    t.join(0.3)
+    assert t.is_alive()                              # waits for the running on_grant
+    release.set()
+    t.join(5)
+    assert seen == {"ret": True, "calls": ["slow"]}  # it had returned before cancel did
+    c.request(key("self-cancel"), 1, 1)
+    assert wait_until(lambda: "self-cancel" in calls)
+    assert holder["self"] is True
+    # on_grant completes its own key while a cancel of it waits: nothing left to withdraw
+    entered.clear()
+    release.clear()
+    c.request(key("slow-completes"), 1, 1)
+    assert entered.wait(5)
+    t = th.Thread(target=lambda: seen.update(late=c.cancel(key("slow-completes"))))
+    t.start()
+    t.join(0.3)
+    release.set()
+    t.join(5)
+    assert seen["late"] is False and "slow-completes" in calls
+    assert c.counters["outstanding"] == 0 and c.counters["cancels"] == 2

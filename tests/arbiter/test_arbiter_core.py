@@ -389,8 +389,256 @@ def test_random_operations_keep_invariants(seed, order):
             assert ln.outstanding_bytes <= credit
         if pending:
             assert ln.outstanding_bytes > 0, "requests wait although no bytes are outstanding"
-            head = a._pick(ln)[0]
+            head = a.head("L")
             assert ln.outstanding_bytes + head.nbytes > credit, "a grantable request is waiting"
+
+
+class Model:
+    """Independent, deliberately naive model of the documented grant rules (O(n)
+    per step): class first; then "chunk": (priority, arrival) or "burst":
+    (burst priority, burst start, priority, arrival); a request passed over by
+    K later arrivals' grants goes next (oldest first); strict credit; leases."""
+
+    def __init__(self, credit, K, order, lease):
+        self.credit, self.K, self.order, self.lease = credit, K, order, lease
+        self.pending = []           # dicts, arrival order
+        self.granted = {}           # (job, token) -> [nbytes, deadline]
+        self.bursts = {}            # job -> [start, top priority]
+        self.nbursts = 0
+        self.seq = 0
+        self.classes = {}
+
+    def rank(self, p):
+        cls = self.classes[p["job"]]
+        if self.order == "chunk":
+            return (cls, p["prio"], -p["seq"])
+        start, top = self.bursts[p["job"]]
+        return (cls, top, -start, p["prio"], -p["seq"])
+
+    def live(self, job):
+        return any(p["job"] == job for p in self.pending) or any(k[0] == job for k in self.granted)
+
+    def request(self, job, tok, prio, nbytes, now):
+        if not self.live(job):
+            self.nbursts += 1
+            self.bursts[job] = [self.nbursts, prio]
+        else:
+            self.bursts[job][1] = max(self.bursts[job][1], prio)
+        self.seq += 1
+        self.pending.append(dict(job=job, tok=tok, prio=prio, nbytes=nbytes, seq=self.seq, passed=0))
+        return self.schedule(now)
+
+    def _end_idle(self):
+        for job in list(self.bursts):
+            if not self.live(job):
+                del self.bursts[job]
+
+    def complete(self, job, tok, now):
+        if (job, tok) in self.granted:
+            del self.granted[(job, tok)]
+        else:
+            left = [p for p in self.pending if (p["job"], p["tok"]) != (job, tok)]
+            if len(left) == len(self.pending):
+                return None
+            self.pending = left
+        self._end_idle()
+        return self.schedule(now)
+
+    def renew(self, job, tok, now):
+        if (job, tok) not in self.granted:
+            return False
+        self.granted[(job, tok)][1] = now + self.lease
+        return True
+
+    def expire(self, now):
+        gone = [k for k, (_, d) in self.granted.items() if d <= now]
+        for k in gone:
+            del self.granted[k]
+        self._end_idle()
+        return self.schedule(now) if gone else []
+
+    def drop(self, job, now):
+        self.pending = [p for p in self.pending if p["job"] != job]
+        self.granted = {k: v for k, v in self.granted.items() if k[0] != job}
+        self._end_idle()
+        return self.schedule(now)
+
+    def schedule(self, now):
+        out = []
+        while self.pending:
+            starving = [p for p in self.pending if self.K and p["passed"] >= self.K]
+            r = starving[0] if starving else max(self.pending, key=self.rank)
+            outstanding = sum(n for n, _ in self.granted.values())
+            if outstanding and outstanding + r["nbytes"] > self.credit:
+                break
+            self.pending.remove(r)
+            for p in self.pending:
+                if p["seq"] < r["seq"]:
+                    p["passed"] += 1
+            self.granted[(r["job"], r["tok"])] = [r["nbytes"], now + self.lease]
+            out.append((r["job"], r["tok"]))
+        return out
+
+
+@pytest.mark.parametrize("order", ["chunk", "burst"])
+@pytest.mark.parametrize("seed", range(10))
+def test_grant_sequence_equals_the_naive_model(seed, order):
+    """The O(log n) structures of core.Arbiter grant exactly what the naive
+    model grants, call by call: classes, starvation bound, cancels, renewals,
+    lease expiry and drops included."""
+    import random
+    rng = random.Random(seed)
+    K = rng.choice([0, 1, 2, 3, 8])
+    credit = rng.choice([1, 100, 250])
+    lease = 5.0
+    a, clock = mk(credit=credit, lease=lease, K=K, order=order)
+    m = Model(credit, K, order, lease)
+    names = ["J%d" % i for i in range(rng.randint(1, 5))]
+    jobs = {}
+    for n in names:
+        m.classes[n] = rng.choice([0, 0, 1, 2])
+        jobs[n] = a.register(n, "L", job_class=m.classes[n])
+    tok = 0
+    live = []                                   # (job, token) requested and not finished
+
+    def got(grants):
+        return [(r.job.job_id, r.token) for r in grants]
+
+    for step in range(600):
+        op = rng.random()
+        if op < 0.5 or not live:
+            n = rng.choice(names)
+            tok += 1
+            prio, nbytes = rng.randint(-3, 3), rng.choice([0, 1, 10, 60, 100, 300])
+            live.append((n, tok))
+            want = m.request(n, tok, prio, nbytes, clock.t)
+            assert got(a.request(jobs[n], tok, prio, nbytes)) == want, step
+        elif op < 0.8:
+            n, t = rng.choice(live)             # completes a grant or cancels a pending one
+            live.remove((n, t))
+            want = m.complete(n, t, clock.t)
+            res = a.complete(jobs[n], t)
+            assert (None if res is None else got(res)) == want, step
+        elif op < 0.87:
+            n, t = rng.choice(live)
+            assert a.renew(jobs[n], t) == m.renew(n, t, clock.t)
+        elif op < 0.95:
+            clock.t += rng.choice([0.5, 2.0, 6.0])
+            want = m.expire(clock.t)
+            assert sorted(got(a.expire())) == sorted(want), step
+        else:
+            n = rng.choice(names)
+            assert got(a.drop(jobs[n])) == m.drop(n, clock.t), step
+            m.classes[n] = rng.choice([0, 1, 2])
+            jobs[n] = a.register(n, "L", job_class=m.classes[n])
+        ln = a.links["L"]
+        assert ln.npending == len(m.pending)
+        assert ln.outstanding_bytes == sum(n for n, _ in m.granted.values())
+
+
+def test_job_class_outranks_priority_and_bursts_in_both_orders():
+    for order in ("chunk", "burst"):
+        a, _ = mk(credit=100, order=order)
+        low = a.register("low", "L")                # class 0
+        high = a.register("high", "L", job_class=2)
+        mid = a.register("mid", "L", None, 1)       # positional peer still works
+        a.request(low, 1, 0, 100, "hold")
+        a.request(low, 2, 50, 100, "low-urgent")    # urgent chunk, early burst, lowest class
+        a.request(mid, 1, 1, 100, "mid")
+        a.request(high, 1, -5, 100, "high-lazy")
+        got, cur = [], (low, 1)
+        for _ in range(3):
+            (r,) = a.complete(*cur)
+            got.append(r.chunk)
+            cur = (r.job, r.token)
+        assert got == ["high-lazy", "mid", "low-urgent"], order
+        assert a.stats()["L"]["job_classes"] == {"low": 0, "high": 2, "mid": 1}
+
+
+def test_lower_class_still_progresses_through_the_starvation_bound():
+    """A class-2 job keeps the link busy; the class-0 job is granted once
+    every K + 1 grants (passed over K times), not starved."""
+    K = 3
+    for order in ("chunk", "burst"):
+        a, _ = mk(credit=1, K=K, order=order)
+        high = a.register("high", "L", job_class=2)
+        low = a.register("low", "L")
+        a.request(high, 1, 0, 1, "h")
+        for t in range(1, 5):
+            a.request(low, t, 9, 1, "l%d" % t)
+        tok = 1
+        granted, cur = [], (high, 1)
+        for _ in range(4 * (K + 1)):
+            tok += 1
+            a.request(high, tok, 0, 1, "h")         # the high class always has one waiting
+            (r,) = a.complete(*cur)
+            granted.append(r.job.job_id)
+            cur = (r.job, r.token)
+        assert granted.count("low") == 4, (order, granted)
+        assert a.stats()["L"]["starvation_grants"] == 4
+
+
+def test_renew_keeps_a_grant_past_its_lease():
+    a, clock = mk(credit=100, lease=2.0)
+    A, B = a.register("A", "L"), a.register("B", "L")
+    a.request(A, 1, 5, 100, "slow-allreduce")
+    assert a.request(B, 1, 1, 100, "b") == []
+    for _ in range(5):                          # 7.5 s, far past the 2 s lease
+        clock.t += 1.5
+        assert a.renew(A, 1) is True
+        assert a.expire() == []
+    assert a.links["L"].outstanding_bytes == 100 and a.is_pending(B, 1)
+    assert a.stats()["L"]["renewals"] == 5 and a.stats()["L"]["expired_leases"] == 0
+    clock.t += 2.0                              # no renewal: now it expires
+    assert names(a.expire()) == [("B", "b")]
+    assert a.renew(A, 1) is False               # expired
+    assert a.renew(B, 99) is False              # unknown
+    a.request(B, 2, 1, 100, "c")
+    assert a.renew(B, 2) is False               # pending, not granted
+
+
+def test_state_of_departed_jobs_and_links_stays_bounded():
+    """Jobs and links come and go: a link keeps the grant counts of its
+    connected jobs and of the last max_departed_jobs ids that left; at most
+    max_idle_links links without jobs are kept (readable after a run)."""
+    a, _ = mk(credit=1000, max_departed_jobs=3, max_idle_links=2)
+    keep = a.register("keeper", "L")
+    a.request(keep, 1, 0, 100)
+    for i in range(10):                             # churn of job ids on L
+        j = a.register("job%d" % i, "L", job_class=i % 2)
+        a.request(j, 1, 0, 1)
+        a.drop(j)
+    st = a.stats()["L"]
+    assert st["grants_per_job"] == {"keeper": 1, "job7": 1, "job8": 1, "job9": 1}
+    assert st["job_classes"] == {"keeper": 0} and st["connected_jobs"] == 1
+    twin1, twin2 = a.register("twin", "L"), a.register("twin", "L")     # a job that reconnects
+    a.complete(keep, 1)
+    a.request(twin1, 1, 0, 1)
+    a.drop(twin1)
+    a.request(twin2, 1, 0, 1)
+    assert a.stats()["L"]["grants_per_job"]["twin"] == 2     # one id, counted across connections
+    back = a.register("back", "L")                  # leaves, comes back: connected again ...
+    a.request(back, 1, 0, 1)
+    a.drop(back)
+    back = a.register("back", "L")
+    for i in range(5):                              # ... so later departures never evict it
+        a.drop(a.register("gone%d" % i, "L"))
+    assert a.stats()["L"]["grants_per_job"]["back"] == 1
+    for n in range(5):                              # links whose last job left
+        j = a.register("j", "link%d" % n)
+        a.request(j, 1, 0, 100)
+        a.drop(j)
+    assert sorted(a.links) == ["L", "link3", "link4"] and a.pruned_links == 3
+    assert a.stats()["link4"]["grants_per_job"] == {"j": 1}    # still readable after the run
+    assert a.stats()["link4"]["connected_jobs"] == 0
+    j = a.register("again", "link4")                # an idle link comes back with its counters
+    assert len(a.request(j, 1, 0, 100)) == 1 and a.stats()["link4"]["grants"] == 2
+    for jb in (keep, twin2, back, j):
+        a.drop(jb)
+    a.drop(j)                                       # twice: harmless
+    assert len(a.links) == 2 and a.next_expiry() is None
+    j = a.register("new", "link0")                  # a pruned link comes back with its credit
+    assert len(a.request(j, 1, 0, 100)) == 1 and a.stats()["link0"]["grants"] == 1
 
 
 def test_frame_reader_splits_any_chunking():
