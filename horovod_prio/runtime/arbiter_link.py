@@ -63,8 +63,8 @@ class ArbiterLink:
         except BaseException:
             al.close()
             raise
-        log.info("horovod_prio: job %s (class %d) joined link %s at arbiter %s", al.job_id,
-                 config.job_priority, config.link, config.arbiter)
+        log.info("horovod_prio: job %s joined link %s at arbiter %s (class %d)", al.job_id,
+                 config.link, config.arbiter, config.job_priority)
         return al
 
     # -- scheduler callbacks (TF kernel threads; never block, never raise) ----------

@@ -41,8 +41,10 @@ def mlp():
 
 def failed_step():
     # The chunk's collective fails after its gate released it: an error raised
-    # where our fusion hands the chunk to Horovod (same step, every rank), like
-    # an allreduce that errors. Nothing reaches Horovod in that step.
+    # where our fusion hands each chunk to Horovod. Step FAIL_AT's loss is
+    # scaled by NaN, so every gradient (every chunk) is NaN on every rank and
+    # every chunk fails its check: nothing of that step reaches Horovod on any
+    # rank (a collective submitted by one rank only would stall Horovod itself).
     real_allreduce = fusion._hvd.allreduce
 
     def checked_allreduce(x, *args, **kwargs):
@@ -58,12 +60,13 @@ def failed_step():
     rng = np.random.RandomState(100 + RANK)
     x = rng.randn(STEPS * BATCH, 20).astype("float32")
     y = rng.randint(0, 4, size=(STEPS * BATCH,)).astype("int32")
-    x[FAIL_AT * BATCH] = np.nan   # step FAIL_AT's gradients are NaN on every rank
+    scale = np.ones(STEPS, "float32")
+    scale[FAIL_AT] = np.nan
 
     @tf.function
-    def step(xb, yb):
+    def step(xb, yb, s):
         with tf.GradientTape() as tape:
-            loss = loss_fn(yb, model(xb, training=True))
+            loss = loss_fn(yb, model(xb, training=True)) * s
         tape = hvd.DistributedGradientTape(tape, priority=PRIO)
         grads = tape.gradient(loss, model.trainable_variables)
         opt.apply_gradients(zip(grads, model.trainable_variables))
@@ -73,7 +76,7 @@ def failed_step():
     sched = Scheduler.process()
     for i in range(STEPS):
         try:
-            step(x[i * BATCH:(i + 1) * BATCH], y[i * BATCH:(i + 1) * BATCH])
+            step(x[i * BATCH:(i + 1) * BATCH], y[i * BATCH:(i + 1) * BATCH], scale[i])
         except tf.errors.InvalidArgumentError as e:
             assert "injected failure" in str(e), e
             failed.append(i)

@@ -9,9 +9,8 @@ process (`python -m horovod_prio.cli arbiter`):
   without any arbiter (no chunk lost, duplicated or reduced twice);
 * unreachable: nothing listens on the port; the job finishes, one warning.
 
-Plus a single-process check (subprocess, under a timeout) that a request the
-client refuses is granted locally from inside the scheduler's request callback
-without deadlocking.
+(The wiring without TensorFlow - tickets, local grants inside the callback,
+withdrawals - is tested in tests/runtime/test_arbiter_link.py.)
 """
 import concurrent.futures
 import json
@@ -145,8 +144,8 @@ def killed(tmp_path_factory, no_opt_in):
             # A third "job" takes the link's whole credit and never completes, so the
             # jobs' next requests are queued at the arbiter when it dies.
             granted = threading.Event()
-            hog = ArbiterClient(arb.address, LINK, "hog", SECRET, lambda c: granted.set(), timeout=5.0)
-            hog.request("hog", 1 << 40, 1 << 20)
+            hog = ArbiterClient(arb.address, LINK, "hog", SECRET, lambda k: granted.set(), timeout=5.0)
+            hog.request(1, 1 << 40, 1 << 20, "hog")
             info["hog_granted"] = granted.wait(20)
             resume()
             deadline = time.monotonic() + 20
@@ -292,69 +291,3 @@ def test_unreachable_arbiter_job_finishes_with_one_warning(reference_and_unreach
     assert c["arbiter_grants"] == 0 and c["fallback_grants"] == c["requests"] > 0, c
     assert_every_chunk_once(job)
     assert_same_weights(job, reference_and_unreachable["reference"])
-
-
-# ---------------------------------------------------------------- in-process wiring
-_WIRING = r"""
-import logging, sys
-logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s", stream=sys.stdout)
-import tensorflow as tf
-from horovod_prio import PriorityConfig, cc
-from horovod_prio.arbiter.server import ArbiterServer
-from horovod_prio.tensorflow import arbiter_link
-
-srv = ArbiterServer("127.0.0.1", 0, "sek", credit_bytes=1 << 20)
-srv.start()
-cc.load()
-cc.configure(1 << 20, True)
-cfg = PriorityConfig(arbiter="127.0.0.1:%d" % srv.address[1], link="L", job_id="unit",
-                     arbiter_secret="sek", arbiter_timeout=1.0)
-assert arbiter_link.attach_arbiter(cfg, False) is None           # not rank 0: nothing
-assert arbiter_link.attach_arbiter(PriorityConfig(), True) is None  # not opted in: nothing
-assert not cc.stats()["external_grant"]
-al = arbiter_link.attach_arbiter(cfg, True)
-assert al is not None and cc.stats()["external_grant"]
-assert arbiter_link.attach_arbiter(cfg, True) is al               # once per process
-try:
-    arbiter_link.attach_arbiter(PriorityConfig(arbiter="127.0.0.1:1", link="L"), False)
-    raise AssertionError("no secret accepted")
-except ValueError as e:
-    assert "HOROVOD_PRIO_ARBITER_SECRET" in str(e), e
-LONG = "c" * 300   # > 256 bytes: ArbiterClient.request raises -> granted locally inside the callback
-
-@tf.function
-def step(x):
-    a = cc.done(cc.gate(x, 5, "ok"), "ok")
-    b = cc.done(cc.gate(x * 2.0, 7, LONG), LONG)
-    return a + b
-
-for _ in range(3):
-    assert float(tf.reduce_sum(step(tf.ones([64])))) == 64 * 3
-s, c = cc.stats(), al.counters
-print("STATS", s)
-print("COUNTERS", c)
-assert s["submitted"] == s["released"] == s["completed"] == 6, s
-assert s["requested"] == 0 and s["unknown_grants"] == 0, s
-assert c["link_local_grants"] == c["callback_errors"] == 3, c
-assert c["arbiter_grants"] == 3 and c["requests"] == 3, c
-assert srv.call(srv.stats)["links"]["L"]["grants_per_job"] == {"unit": 3}
-arbiter_link._detach()
-assert not cc.stats()["external_grant"]
-assert arbiter_link.attach_arbiter(cfg, True) is al   # still the one link: never re-attached
-srv.stop()
-print("WIRING OK")
-"""
-
-
-def test_refused_request_is_granted_locally_inside_the_callback(tmp_path, no_opt_in):
-    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2",
-               PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
-    try:
-        res = subprocess.run([sys.executable, "-c", _WIRING], stdout=subprocess.PIPE,
-                             stderr=subprocess.STDOUT, text=True, env=env, cwd=ROOT, timeout=60)
-    except subprocess.TimeoutExpired as e:
-        pytest.fail("deadlock? the wiring check did not finish in 60 s:\n%s" % (e.stdout or "")[-4000:])
-    assert res.returncode == 0 and "WIRING OK" in res.stdout, res.stdout[-4000:]
-    warnings = [ln for ln in res.stdout.splitlines() if ln.startswith("WARNING")]
-    assert len(warnings) == 1 and "granted locally" in warnings[0], warnings
-    assert res.stdout.count("job unit joined link L at arbiter") == 1
