@@ -27,9 +27,11 @@ min unset or ``t < min``   ``min = t``, ``count += 1``                 ``new_min
 The threshold's slack is the patent's preset coefficient (``threshold = min +
 coefficient``), a relative one (``min * (1 + relative_coefficient)``), or,
 when neither is given, measured: the first ``calibration_batches`` after the
-warm-up are only recorded, then ``min`` is their minimum and ``coefficient =
-(q95 - min) + 0.05 * median`` of them, so the ordinary spread of a quiet run
-does not count as slow (a contended link adds far more).
+warm-up are only recorded, then ``min`` is their minimum and the slack makes
+the threshold ``median + 3 * (q90 - median) + 0.05 * median`` of them
+(``coefficient`` = that - ``min``): the ordinary spread of a quiet run, even a
+heavy-tailed one, does not count as slow, while a link shared with another
+job's traffic adds far more.
 
 "Raise the priority of the low-ranked tasks" (claims 1, 4) = add
 ``boost * step`` to the base priority of the last ``adjust_groups`` groups
@@ -186,6 +188,10 @@ class AdaptivePriorityPolicy:
         return self._auto
 
     @property
+    def calibration_batches(self) -> int:
+        return self._calibration_batches
+
+    @property
     def calibrating(self) -> bool:
         return self._auto and self._coefficient is None
 
@@ -302,10 +308,10 @@ class AdaptivePriorityPolicy:
 
     def _calibrate(self) -> None:
         xs = sorted(self._calibration)
-        q95 = xs[min(len(xs) - 1, int(math.ceil(0.95 * len(xs))) - 1)]
+        q90 = xs[min(len(xs) - 1, int(math.ceil(0.9 * len(xs))) - 1)]
         median = xs[len(xs) // 2]
         self._min = xs[0]
-        self._coefficient = (q95 - xs[0]) + 0.05 * median
+        self._coefficient = median + 3.0 * (q90 - median) + 0.05 * median - xs[0]
 
     # ---------------------------------------------------------------- events
     def add_listener(self, fn: Callable[[PolicyEvent], None]) -> Callable[[PolicyEvent], None]:

@@ -30,7 +30,7 @@ from horovod_prio.method.sequence import base_priorities
 __all__ = ["Monitor"]
 
 log = logging.getLogger("horovod_prio")
-_QUIET = {"warmup", "within"}
+_QUIET = {"warmup", "calibrate", "within"}
 
 
 class Monitor:
@@ -75,6 +75,11 @@ class Monitor:
             self.clock.set_priorities(self.slot, self.policy.priorities)
 
     def _on_event(self, ev):
+        if ev.kind == "calibrate" and not self.policy.calibrating:
+            log.info("horovod_prio: %s: slow-step threshold measured over %d steps: min %.4fs + "
+                     "slack %.4fs (from the spread of step times; set "
+                     "HOROVOD_PRIO_COEFFICIENT to fix it)", self.name, self.policy.calibration_batches,
+                     ev.min_batch_time, self.policy.coefficient)
         log.log(logging.DEBUG if ev.kind in _QUIET else logging.INFO,
                 "horovod_prio: %s batch %d %s: time %.4fs min %s threshold %s count %d boost %d "
                 "priorities %s", self.name, ev.batch, ev.kind,
