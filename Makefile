@@ -17,8 +17,9 @@ PYTEST_ARGS ?=
 install:
 	@bash tools/install.sh $(VENV) $(TF)
 
+# make test has just installed the stack: a missing piece fails the run (never a skip).
 test: install
-	$(BIN)/python -m pytest $(PYTEST_ARGS)
+	HOROVOD_PRIO_REQUIRE_STACK=1 $(BIN)/python -m pytest $(PYTEST_ARGS)
 
 run: install
 	$(BIN)/python -m horovod_prio.examples.run_default
