@@ -17,8 +17,9 @@ variable, e.g.::
 Unknown ``HOROVOD_PRIO_*`` variables are reported with a warning on the
 ``horovod_prio`` logger (they are usually typos). Components that legitimately
 read another ``HOROVOD_PRIO_*`` variable can declare it with
-:func:`register_env_var`; ``HOROVOD_PRIO_CACHE`` (installer) and every
-``HOROVOD_PRIO_TEST_*`` (test suite) are pre-declared.
+:func:`register_env_var`; ``HOROVOD_PRIO_CACHE`` (installer),
+``HOROVOD_PRIO_REQUIRE_STACK`` and every ``HOROVOD_PRIO_TEST_*`` (test suite)
+are pre-declared.
 
 ==================== ============================= ========= =========================
 field                env var                       default   rule
@@ -85,7 +86,8 @@ logger = logging.getLogger("horovod_prio")
 ENV_PREFIX = "HOROVOD_PRIO_"
 _ENV_OVERRIDES = {"trace_path": "HOROVOD_PRIO_TRACE"}
 # HOROVOD_PRIO_* variables read elsewhere (not config knobs): never "unknown".
-_EXTRA_ENV_VARS = {"HOROVOD_PRIO_CACHE"}          # tools/install.sh wheel cache
+# tools/install.sh wheel cache; the test suite's "a missing stack fails" switch
+_EXTRA_ENV_VARS = {"HOROVOD_PRIO_CACHE", "HOROVOD_PRIO_REQUIRE_STACK"}
 _EXTRA_ENV_PREFIXES = ("HOROVOD_PRIO_TEST_",)     # test-suite switches
 _COEFF_PAIR = ("coefficient", "relative_coefficient")
 

@@ -30,7 +30,7 @@ from horovod_prio.method.sequence import base_priorities
 __all__ = ["Monitor"]
 
 log = logging.getLogger("horovod_prio")
-_QUIET = {"warmup", "calibrate", "within"}
+
 
 
 class Monitor:
@@ -47,6 +47,7 @@ class Monitor:
         self.slot = clock.new_slot(self.base)
         self.steps = 0
         self.policy = config.make_policy(num_groups) if rank == 0 else None
+        self._last_boost = 0
         if self.policy is not None:
             self.policy.add_listener(self._on_event)
             self.policy.before_batch()  # the patent's check before the first batch
@@ -80,11 +81,15 @@ class Monitor:
                      "slack %.4fs (from the spread of step times; set "
                      "HOROVOD_PRIO_COEFFICIENT to fix it)", self.name, self.policy.calibration_batches,
                      ev.min_batch_time, self.policy.coefficient)
-        log.log(logging.DEBUG if ev.kind in _QUIET else logging.INFO,
-                "horovod_prio: %s batch %d %s: time %.4fs min %s threshold %s count %d boost %d "
-                "priorities %s", self.name, ev.batch, ev.kind,
-                ev.seconds if ev.seconds is not None else -1, _fmt(ev.min_batch_time),
-                _fmt(ev.threshold), ev.count, ev.boost, list(ev.priorities))
+        # INFO for what changes the priorities (a raise, a decay that lowered the
+        # boost); the rest (warm-up, calibration, new min, within, no-op decay) at DEBUG.
+        changed = ev.boost != self._last_boost
+        self._last_boost = ev.boost
+        log.log(logging.INFO if changed or ev.kind == "slow" else logging.DEBUG,
+                "horovod_prio: %s batch %d %s: time %s min %s threshold %s count %d boost %d "
+                "priorities %s", self.name, ev.batch, ev.kind, _fmt(ev.seconds),
+                _fmt(ev.min_batch_time), _fmt(ev.threshold), ev.count, ev.boost,
+                list(ev.priorities))
         if self.writer is not None:
             self.writer.instant(ev.kind, time.time() * 1e6, "policy", "policy",
                                 dict(ev.as_dict(), monitor=self.name))
