@@ -63,7 +63,7 @@ from ..arbiter.core import Arbiter
 from ..method.config import PriorityConfig
 from ..method.plan import TensorSpec, make_plan
 from ..method.sequence import base_priorities
-from ..scheduler import Scheduler
+from ..scheduler import UNLIMITED, Scheduler
 from .profiles import Profile
 
 MODES = ("fifo", "priority", "arbiter", "adaptive")
@@ -305,7 +305,8 @@ class _Job:
                              pcfg.partition_bytes, prefix="job%d" % idx)
             self.chunks = [(ready[c.last_tensor], c.group, c.name, c.nbytes) for c in plan.chunks]
             self.sched = Scheduler()
-            self.sched.configure(pcfg.credit_bytes, True)
+            self.sched.configure(UNLIMITED if pcfg.credit_bytes is None else pcfg.credit_bytes,
+                                 True)
             if arbiter is not None:
                 self.sched.set_external_grant(True)
             self.ticket_bytes: Dict[int, int] = {}
