@@ -50,6 +50,7 @@ from pathlib import Path
 
 from horovod_prio.method import units
 
+from .models import HARNESS_MODELS
 from . import netns, report
 from .netns import HarnessError, ShapedLink
 from .run import (REPO, JobSpec, Progress, RunFailed, _cpus_for, _git_rev, _prio_env,
@@ -106,7 +107,7 @@ def build_parser():
     p.add_argument("--repeats", type=_positive_int, default=3)
     p.add_argument("--rate", type=_rate, default="2gbit",
                    help="tc tbf rate (default 2gbit: compute ~ comm for mlp batch 512)")
-    p.add_argument("--model", choices=["mlp", "cnn"], default="mlp")
+    p.add_argument("--model", choices=HARNESS_MODELS, default="mlp")
     p.add_argument("--batch", type=_positive_int, default=512, help="per-rank batch (default 512)")
     p.add_argument("--steps", type=_positive_int, default=20)
     p.add_argument("--warmup", type=_positive_int, default=3)

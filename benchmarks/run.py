@@ -28,6 +28,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from .models import HARNESS_MODELS
 from . import netns
 from .netns import HarnessError, ShapedLink
 from .workload import _positive_int
@@ -110,7 +111,7 @@ def build_parser():
     p.add_argument("--repeats", type=_positive_int, default=None, help="default 1 quick, 3 otherwise")
     p.add_argument("--rate", type=_rate, default="1gbit", help="tc tbf rate for a/b (default 1gbit)")
     p.add_argument("--delay", type=_delay, default=None, help="netem delay on lo (needs sch_netem)")
-    p.add_argument("--model", choices=["mlp", "cnn"], default="mlp")
+    p.add_argument("--model", choices=HARNESS_MODELS, default="mlp")
     p.add_argument("--batch", type=_positive_int, default=32, help="per-rank batch for a/b")
     p.add_argument("--steps", type=_positive_int, default=None, help="measured steps per job")
     p.add_argument("--warmup", type=_positive_int, default=3)
