@@ -128,8 +128,8 @@ def build_parser() -> argparse.ArgumentParser:
       help="Horovod fusion buffer (default 128MiB)")
     a("--arbiter-order", choices=Arbiter.ORDERS, default="burst",
       help="the product arbiter's cross-job order (its --order; default burst)")
-    a("--arbiter-credit", type=_bytes, default=16 * 1024 * 1024,
-      help="granted-but-unfinished bytes per link (default 16MiB, the arbiter's default)")
+    a("--arbiter-credit", type=_bytes, default=8 * 1024 * 1024,
+      help="granted-but-unfinished bytes per link (default 8MiB, the arbiter's default)")
     a("--starvation-bound", type=units.arg(units.parse_int, 0), default=8,
       help="arbiter starvation bound K, 0 = none (default 8, the arbiter's default)")
     a("--step-overhead", type=parse_duration, default=0.0,
