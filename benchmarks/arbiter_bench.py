@@ -1,7 +1,7 @@
 """Issue 5 benchmark: two jobs on one shaped link, with and without the arbiter.
 
     sudo .venv/bin/python -m benchmarks.arbiter_bench --repeats 3 \\
-        --out benchmarks/results/arbiter-2gbit-b512
+        --out results/bench/arbiter-2gbit-b512
 
 Configs (each run: a fresh namespace from ``benchmarks.netns.ShapedLink``, two
 jobs of 2 ranks each started by ``benchmarks.run.run_jobs`` exactly as the
@@ -127,7 +127,7 @@ def build_parser():
     p.add_argument("--ns-addr", type=_iface, default=_iface("169.254.77.2/30"))
     p.add_argument("--job-timeout", type=_positive_int, default=400)
     p.add_argument("--stall-timeout", type=_positive_int, default=40)
-    p.add_argument("--out", default=str(REPO / "benchmarks" / "results" / "arbiter"))
+    p.add_argument("--out", default=str(REPO / "results" / "bench" / "arbiter"))
     p.add_argument("--keep-raw", action="store_true",
                    help="keep per-run logs and traces under OUT/raw")
     p.add_argument("--report-only", action="store_true",

@@ -1,6 +1,6 @@
 """Statistics, markdown table and PNG plots from a benchmark results dict.
 
-    python -m benchmarks.report benchmarks/results/quick/results.json [--out DIR]
+    python -m benchmarks.report results/bench/quick/results.json [--out DIR]
 
 Per run: each job's step times are its measured steps (warmup excluded); when
 several jobs ran, only steps that lie entirely inside the overlap window

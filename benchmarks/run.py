@@ -132,7 +132,7 @@ def build_parser():
     p.add_argument("--job-timeout", type=_positive_int, default=600, help="seconds per run")
     p.add_argument("--stall-timeout", type=_positive_int, default=30,
                    help="fail a run when no step finishes for this many seconds")
-    p.add_argument("--out", default=None, help="results dir (default benchmarks/results/<quick|full>)")
+    p.add_argument("--out", default=None, help="results dir (default results/bench/<quick|full>)")
     p.add_argument("--keep-raw", action="store_true", help="keep raw per-job logs under OUT/raw")
     return p
 
@@ -147,7 +147,7 @@ def parse_args(argv=None):
     if a.steps is None:
         a.steps = 15 if a.quick else 30
     if a.out is None:
-        a.out = str(REPO / "benchmarks" / "results" / ("quick" if a.quick else "full"))
+        a.out = str(REPO / "results" / "bench" / ("quick" if a.quick else "full"))
     if a.priority is not None:
         try:
             ok = isinstance(json.loads(a.priority), dict)
