@@ -2,8 +2,8 @@
 
 Public API:
 
-- ``JobSpec``, ``job_command``, ``job_env``, ``horovodrun_path`` -- one
-  2-rank ``horovodrun`` job of ``benchmarks.workload``;
+- ``JobSpec``, ``job_command``, ``workload_command``, ``job_env``, ``go_file``,
+  ``horovodrun_path`` -- one 2-rank ``horovodrun`` job of ``benchmarks.workload``;
 - ``run_jobs`` -- start jobs in a launcher (a ``netns.ShapedLink``), release
   them together after their warmup, wait, collect steps / meta / events;
 - ``run_all`` -- execute a plan of runs, rewriting the report after each;
@@ -81,6 +81,13 @@ class JobSpec:
     priority: str | None = None
     env: dict = field(default_factory=dict)
     extra_args: list = field(default_factory=list)
+    start: float = 0.0            # seconds after the common go before this job's go
+
+
+def go_file(job: JobSpec, workdir: Path) -> Path:
+    """The file ``job`` waits for after its warmup: the common ``go`` file, or
+    its own ``<name>.go`` when it starts ``job.start`` seconds later."""
+    return workdir / "go" if not job.start else workdir / f"{job.name}.go"
 
 
 def venv_bin() -> Path:
@@ -98,29 +105,34 @@ def horovodrun_path() -> str:
     return w
 
 
-def job_command(job: JobSpec, workdir: Path) -> list[str]:
-    """horovodrun command line of one job.
-
-    Ports: horovodrun's rendezvous server binds a random free port (its
-    find_port() retries on EADDRINUSE), and Gloo's pairs bind ephemeral ports,
-    so concurrent jobs in one namespace never collide; the chosen port is
-    recorded in each job's meta ("rendezvous")."""
+def workload_command(job: JobSpec, workdir: Path) -> list[str]:
+    """``python -m benchmarks.workload ...`` of one job: what every rank runs, with
+    its step, meta and event files in ``workdir`` and its ready / go files."""
     w = workdir / job.name
-    cmd = [horovodrun_path(), "--gloo", "--network-interface", "lo",
-           "-np", "2", "-H", "localhost:2",
-           "--gloo-timeout-seconds", "120", "--start-timeout", "120",
-           sys.executable, "-m", "benchmarks.workload",
+    cmd = [sys.executable, "-m", "benchmarks.workload",
            "--impl", job.impl, "--model", job.model, "--batch", str(job.batch),
            "--steps", str(job.steps), "--warmup", str(job.warmup),
            "--threads", str(job.threads),
            "--out", f"{w}.steps.jsonl", "--meta-out", f"{w}.meta.json",
            "--events-out", f"{w}.events.jsonl",
-           "--ready-file", f"{w}.ready", "--go-file", str(workdir / "go")]
+           "--ready-file", f"{w}.ready", "--go-file", str(go_file(job, workdir))]
     if job.pin_rank:
         cmd.append("--pin-rank")
     if job.priority is not None and job.impl == "prio":
         cmd += ["--priority", str(job.priority)]
     return cmd + list(job.extra_args)
+
+
+def job_command(job: JobSpec, workdir: Path) -> list[str]:
+    """horovodrun command line of one job (both ranks on this host, over ``lo``).
+
+    Ports: horovodrun's rendezvous server binds a random free port (its
+    find_port() retries on EADDRINUSE), and Gloo's pairs bind ephemeral ports,
+    so concurrent jobs in one namespace never collide; the chosen port is
+    recorded in each job's meta ("rendezvous")."""
+    return [horovodrun_path(), "--gloo", "--network-interface", "lo",
+            "-np", "2", "-H", "localhost:2",
+            "--gloo-timeout-seconds", "120", "--start-timeout", "120"] + workload_command(job, workdir)
 
 
 def fix_legacy_keras(env: dict) -> dict:
@@ -176,24 +188,24 @@ def count_lines(path: Path) -> int:
 class Progress:
     """Plain-text progress on stderr (a redrawn line on a tty)."""
 
-    def __init__(self, total_runs: int, stream=sys.stderr):
-        self.total, self.done, self.stream = total_runs, 0, stream
+    def __init__(self, total_runs: int, stream=sys.stderr, tag: str = "bench"):
+        self.total, self.done, self.stream, self.tag = total_runs, 0, stream, tag
         self.tty = hasattr(stream, "isatty") and stream.isatty()
         self.t0 = time.monotonic()
         self._last = 0.0
 
     def start(self, label: str):
         self.label = label
-        self.stream.write(f"[bench] run {self.done + 1}/{self.total}: {label}\n")
+        self.stream.write(f"[{self.tag}] run {self.done + 1}/{self.total}: {label}\n")
         self.stream.flush()
 
     def update(self, text: str):
         now = time.monotonic()
         if self.tty:
-            self.stream.write(f"\r[bench]   {text}   ")
+            self.stream.write(f"\r[{self.tag}]   {text}   ")
             self.stream.flush()
         elif now - self._last > 15:
-            self.stream.write(f"[bench]   {text}\n")
+            self.stream.write(f"[{self.tag}]   {text}\n")
             self.stream.flush()
             self._last = now
 
@@ -203,15 +215,23 @@ class Progress:
         bar = "#" * (20 * self.done // max(1, self.total))
         if self.tty:
             self.stream.write("\n")
-        self.stream.write(f"[bench] [{bar:<20}] {self.done}/{self.total} {status} "
+        self.stream.write(f"[{self.tag}] [{bar:<20}] {self.done}/{self.total} {status} "
                           f"({el:.0f}s elapsed)\n")
         self.stream.flush()
 
 
 def run_jobs(link: ShapedLink, jobs: list[JobSpec], workdir: Path, timeout: float,
              progress: Progress | None = None, stall_timeout: float = 60.0,
-             exit_grace: float = 30.0) -> dict:
+             exit_grace: float = 30.0, command=None, env=None, on_go=None) -> dict:
     """Start ``jobs`` in ``link``, release them together after warmup, wait.
+
+    ``link`` is anything with ``popen(argv, cpus=, **Popen kwargs)``,
+    ``bytes_sent()`` and ``kill_processes()`` (a ``netns.ShapedLink``, or the
+    testbed's launcher in ``benchmarks.cluster``); ``command(job, workdir)`` and
+    ``env(job, workdir)`` build a job's argv and environment (default
+    ``job_command`` / ``job_env``). Every job is released by its go file once
+    all jobs are warm: at once, or ``job.start`` seconds after the others
+    (``go_file``); ``on_go(t_go)`` is called right after the common go.
 
     Raises RunFailed (with the failing job's log tail) if a job exits non-zero
     or the run exceeds ``timeout``, or -- once a first step has finished -- no
@@ -220,14 +240,17 @@ def run_jobs(link: ShapedLink, jobs: list[JobSpec], workdir: Path, timeout: floa
     do not exit within ``exit_grace`` seconds are killed and the run is kept,
     with a note in ``result["notes"]``."""
     workdir.mkdir(parents=True, exist_ok=True)
+    command = command or job_command
+    env = env or job_env
     procs = {}
     t_begin = time.monotonic()
     for job in jobs:
         log = open(workdir / f"{job.name}.log", "w")
-        procs[job.name] = link.popen(job_command(job, workdir), cpus=job.cpus,
-                                     env=job_env(job, workdir), cwd=str(REPO),
+        procs[job.name] = link.popen(command(job, workdir), cpus=job.cpus,
+                                     env=env(job, workdir), cwd=str(REPO),
                                      stdout=log, stderr=subprocess.STDOUT)
         log.close()
+    pending = sorted((j for j in jobs if j.start), key=lambda j: j.start)   # later releases
 
     def check_failed():
         for job in jobs:
@@ -254,7 +277,8 @@ def run_jobs(link: ShapedLink, jobs: list[JobSpec], workdir: Path, timeout: floa
             if now - stall["all_done"] > exit_grace:
                 raise LingeringJobs()
             return
-        if n != stall["n"] or 0 in counts.values():   # progress, or a job still starting
+        if n != stall["n"] or 0 in counts.values() or pending:
+            # progress, a job still starting, or a job not released yet
             stall["n"], stall["t"] = n, now
         elif now - stall["t"] > stall_timeout:
             raise RunFailed(f"stalled: no step finished for {stall_timeout:.0f}s "
@@ -275,10 +299,17 @@ def run_jobs(link: ShapedLink, jobs: list[JobSpec], workdir: Path, timeout: floa
     samples = [(time.time(), link.bytes_sent())]
     (workdir / "go").touch()
     t_go = time.time()
+    if on_go is not None:
+        on_go(t_go)
     last_sample = time.monotonic()
+    released = {}
     total = sum(j.warmup + j.steps for j in jobs)
     notes = []
     while any(p.poll() is None for p in procs.values()):
+        while pending and time.time() >= t_go + pending[0].start:
+            job = pending.pop(0)
+            go_file(job, workdir).touch()
+            released[job.name] = time.time()
         check_failed()
         try:
             check_timeout()
@@ -300,6 +331,8 @@ def run_jobs(link: ShapedLink, jobs: list[JobSpec], workdir: Path, timeout: floa
     samples.append((time.time(), link.bytes_sent()))
 
     result = {"t_go": t_go, "link_samples": samples, "jobs": [], "notes": notes}
+    if released:
+        result["released"] = released
     for job in jobs:
         w = workdir / job.name
         meta = json.loads(Path(f"{w}.meta.json").read_text()) if Path(f"{w}.meta.json").exists() else {}

@@ -73,3 +73,53 @@ def test_arbiter_process_starts_answers_stats_and_stops(tmp_path):
     time.sleep(0.1)
     with pytest.raises(ProcessLookupError):
         os.kill(pid, 0)
+
+
+class _LocalLauncher:
+    """run_jobs' launcher interface without a namespace (processes run here)."""
+
+    def __init__(self):
+        self.procs = []
+
+    def popen(self, argv, cpus=None, **kw):
+        import subprocess
+        kw.setdefault("start_new_session", True)
+        p = subprocess.Popen(argv, **kw)
+        self.procs.append(p)
+        return p
+
+    def bytes_sent(self):
+        return 0
+
+    def kill_processes(self):
+        import signal
+        for p in self.procs:
+            if p.poll() is None:
+                os.killpg(p.pid, signal.SIGKILL)
+                p.wait()
+
+
+def _fake_job(job, wd):
+    p = wd / job.name
+    go = harness.go_file(job, wd)
+    return ["sh", "-c",
+            f"echo '{{\"step\": 0, \"t_start\": 1, \"t_end\": 2, \"warmup\": true}}' "
+            f"> {p}.steps.jsonl; touch {p}.ready; "
+            f"while [ ! -e {go} ]; do sleep 0.02; done; t=$(date +%s.%N); "
+            f"echo \"{{\\\"step\\\": 1, \\\"t_start\\\": $t, \\\"t_end\\\": $t}}\" "
+            f">> {p}.steps.jsonl"]
+
+
+@pytest.mark.timeout(60)
+def test_run_jobs_releases_a_job_with_start_later(tmp_path):
+    jobs = [harness.JobSpec(name="job0", impl="horovod", steps=1, warmup=1),
+            harness.JobSpec(name="job1", impl="horovod", steps=1, warmup=1, start=1.0)]
+    assert harness.go_file(jobs[0], tmp_path) != harness.go_file(jobs[1], tmp_path)
+    gone = []
+    res = harness.run_jobs(_LocalLauncher(), jobs, tmp_path / "w", 30, command=_fake_job,
+                           env=lambda job, wd: dict(os.environ), on_go=gone.append)
+    assert gone == [res["t_go"]]
+    first = {j["name"]: j["steps"][1]["t_start"] for j in res["jobs"]}
+    assert res["released"]["job1"] >= res["t_go"] + 1.0
+    assert first["job1"] >= res["t_go"] + 1.0
+    assert first["job0"] < first["job1"]
