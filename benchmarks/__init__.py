@@ -15,4 +15,7 @@ Modules:
 - ``run``           -- scenarios a/b/c on one shaped loopback, CLI
 - ``arbiter_bench`` -- two jobs with / without the cross-job arbiter, CLI
 - ``report``        -- statistics, markdown table, PNG plot
+- ``testbed``       -- racks of host namespaces joined by one shaped uplink, ssh shim
+- ``cluster``       -- N jobs on the testbed (horovodrun -H across racks), CLI
+- ``results_index`` -- the index of ``results/`` in ``results/README.md``
 """
