@@ -695,6 +695,13 @@ def _series(samples: list[dict], key, t0: float):
     return xs, ys
 
 
+def _mark_joins(ax, r: dict, t0: float) -> None:
+    """A dotted line where a job with start=S was released."""
+    for name, t in (r.get("released") or {}).items():
+        ax.axvline(t - t0, color="0.4", ls=":", lw=0.8)
+        ax.text(t - t0, ax.get_ylim()[1], f" {name} joins", fontsize=6, va="top", color="0.3")
+
+
 def plot(results: dict, out: Path) -> list[Path]:
     """steps.png, link.png, boost.png: one panel per variant (its first ok repeat)."""
     runs = _first_ok_runs(results)
@@ -730,6 +737,7 @@ def plot(results: dict, out: Path) -> list[Path]:
         win = run_stats(r)["window"]
         if win:
             ax.axvspan(win[0] - t0, win[1] - t0, color="0.92", zorder=0)
+        _mark_joins(ax, r, t0)
         ax.set_ylim(0, ymax * 1.15 if ymax else 1)
         ax.set_ylabel("s/step", fontsize=8)
         ax.set_title(title(r), fontsize=8, loc="left")
@@ -784,8 +792,10 @@ def plot(results: dict, out: Path) -> list[Path]:
     plt.close(fig)
     written.append(out / "link.png")
 
-    # boost
-    prio_runs = [r for r in runs if any(j.get("impl") == "prio" for j in r["jobs"])]
+    # boost: every ok run with a prio job (the policy reacts to each run's own noise)
+    prio_runs = sorted([r for r in results.get("runs", []) if r.get("status") == "ok"
+                        and any(j.get("impl") == "prio" for j in r["jobs"])],
+                       key=lambda r: (r["variant"], r["repeat"]))[:8]
     if prio_runs:
         m = len(prio_runs)
         fig, axes = plt.subplots(m, 1, figsize=(8, 1.5 * m + 0.6), dpi=70, squeeze=False)
@@ -805,6 +815,10 @@ def plot(results: dict, out: Path) -> list[Path]:
                 ys.append(ys[-1])
                 ax.step(xs, [y + 0.04 * i for y in ys], where="post", color=colors[i % 8],
                         label=f"{j['name']} {j.get('label') or ''}")
+            top = max([1] + [b for j in r["jobs"] for _, _, b in report.policy_series(j)
+                             if b is not None])
+            ax.set_ylim(-0.3, top + 0.5)
+            _mark_joins(ax, r, t0)
             ax.set_ylabel("boost", fontsize=8)
             ax.set_title(title(r), fontsize=8, loc="left")
             ax.tick_params(labelsize=7)
@@ -819,9 +833,18 @@ def plot(results: dict, out: Path) -> list[Path]:
     return written
 
 
+def dump_results(results: dict) -> str:
+    """results.json text: the meta indented, then one compact line per run (a run
+    holds thousands of counter samples)."""
+    rest = {k: v for k, v in results.items() if k not in ("meta", "runs")}
+    head = json.dumps({"meta": results.get("meta", {}), **rest}, indent=1)
+    runs = ",\n".join(json.dumps(r, separators=(",", ":")) for r in results.get("runs", []))
+    return head[:-2] + ',\n "runs": [\n' + runs + "\n]\n}\n"
+
+
 def write_report(results: dict, out: Path) -> None:
     out.mkdir(parents=True, exist_ok=True)
-    (out / "results.json").write_text(json.dumps(results, indent=1))
+    (out / "results.json").write_text(dump_results(results))
     (out / "results.md").write_text(markdown(results) + "\n")
     try:
         plot(results, out)

@@ -214,6 +214,7 @@ def test_summary_ratios_against_hvd_of_the_same_repeat_and_report(tmp_path, monk
     assert cluster.main(["--report-only", "--out", str(tmp_path)]) == 0
     for name in ("results.md", "steps.png", "link.png", "boost.png"):
         assert (tmp_path / name).stat().st_size > 0
+    assert json.loads((tmp_path / "results.json").read_text()) == res     # rewritten, same data
 
 
 def test_arbiter_environment_of_arb_jobs_only():
