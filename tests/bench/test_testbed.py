@@ -316,3 +316,38 @@ def test_real_horovodrun_job_runs_across_the_racks(transport):
     assert not set(testbed.list_namespaces(testbed.PREFIX)) & set(t.namespaces())
     time.sleep(0.2)
     assert not [p for ps in pids.values() for p in ps if _alive(p)]
+
+
+_CHILD = """
+import sys, time
+from benchmarks.netns import install_signal_handlers
+from benchmarks.testbed import Testbed, plan_topology
+install_signal_handlers()
+with Testbed(plan_topology(["a1"], ["b1"])) as tb:
+    p = tb.popen("b1", ["sh", "-c", "setsid sleep 300 </dev/null >/dev/null 2>&1 & echo $!; "
+                                    "sleep 300"], stdout=__import__("subprocess").PIPE, text=True)
+    print(" ".join(tb.topology.namespaces()), p.stdout.readline().strip(), flush=True)
+    time.sleep(60)
+"""
+
+
+@needs_netns
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("sig", ["SIGINT", "SIGTERM"])
+def test_a_signal_tears_the_testbed_down(sig):
+    import signal
+    p = subprocess.Popen([sys.executable, "-c", _CHILD], cwd=str(REPO), stdout=subprocess.PIPE,
+                         stderr=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        *names, pid = p.stdout.readline().split()
+        assert set(names) <= set(testbed.list_namespaces(testbed.PREFIX))
+        p.send_signal(getattr(signal, sig))
+        p.wait(timeout=30)
+    finally:
+        if p.poll() is None:
+            os.killpg(p.pid, signal.SIGKILL)
+            p.wait()
+    assert not set(names) & set(testbed.list_namespaces(testbed.PREFIX))
+    assert not any((testbed.ETC_NETNS / ns).exists() for ns in names)
+    time.sleep(0.2)
+    assert not _alive(int(pid))
