@@ -1,7 +1,7 @@
 """The index of ``results/``: one row per result folder (or result file).
 
     python -m benchmarks.results_index            # rewrite the table in results/README.md
-    python -m benchmarks.results_index --check    # exit 1 if the table is out of date
+    python -m benchmarks.results_index --check    # exit 1 if an entry is missing or stale
 
 Entries are the folders ``results/<kind>/<name>/`` and the files
 ``results/<kind>/<name>.json`` (e.g. the simulator's measured model profiles).
@@ -170,22 +170,41 @@ def render(readme_text: str, tab: str) -> str:
     return f"{readme_text.rstrip()}\n\n{BEGIN}\n{tab}\n{END}\n"
 
 
+def indexed(readme_text: str) -> list[str]:
+    """The entries (``kind/name/`` or ``kind/name.json``) listed in the index table."""
+    if BEGIN not in readme_text or END not in readme_text:
+        return []
+    body = readme_text.split(BEGIN, 1)[1].split(END, 1)[0]
+    return re.findall(r"^\| \[([^\]]+)\]\(", body, flags=re.M)
+
+
+def check(readme_text: str, root: Path = RESULTS) -> tuple[list[str], list[str]]:
+    """(entries missing from the index, indexed entries that no longer exist). Only
+    the list is compared: the git-derived text differs in shallow clones."""
+    have = [e.relative_to(root).as_posix() + ("/" if e.is_dir() else "") for e in entries(root)]
+    listed = indexed(readme_text)
+    return [e for e in have if e not in listed], [e for e in listed if e not in have]
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="python -m benchmarks.results_index", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--check", action="store_true",
-                    help="do not write; exit 1 if results/README.md's table is out of date")
+                    help="do not write; exit 1 if results/README.md's table misses an entry "
+                         "or lists one that is gone")
     ap.add_argument("--root", default=str(RESULTS), help=argparse.SUPPRESS)
     a = ap.parse_args(argv)
     root = Path(a.root)
     readme = root / "README.md"
     old = readme.read_text() if readme.exists() else "# Results\n"
-    new = render(old, table(root))
     if a.check:
-        if new != old:
-            sys.stderr.write(f"{readme} is out of date: run python -m benchmarks.results_index\n")
+        missing, stale = check(old, root)
+        if missing or stale:
+            sys.stderr.write(f"{readme} is out of date (missing: {missing or '-'}; no longer "
+                             f"present: {stale or '-'}): run python -m benchmarks.results_index\n")
             return 1
         return 0
+    new = render(old, table(root))
     readme.write_text(new)
     sys.stderr.write(f"wrote {readme} ({len(entries(root))} entries)\n")
     return 0

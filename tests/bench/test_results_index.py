@@ -38,3 +38,15 @@ def test_index_reads_what_a_run_recorded_and_says_what_it_did_not(tmp_path):
     assert ri.main(["--root", str(tmp_path), "--check"]) == 0
     (tmp_path / "bench" / "run2").mkdir()
     assert ri.main(["--root", str(tmp_path), "--check"]) == 1
+
+
+def test_check_names_missing_and_stale_entries(tmp_path):
+    (tmp_path / "bench" / "a").mkdir(parents=True)
+    (tmp_path / "bench" / "b").mkdir()
+    (tmp_path / "README.md").write_text("# Results\n")
+    assert ri.main(["--root", str(tmp_path)]) == 0
+    assert ri.check((tmp_path / "README.md").read_text(), tmp_path) == ([], [])
+    (tmp_path / "bench" / "a").rmdir()
+    (tmp_path / "sim" / "c").mkdir(parents=True)
+    assert ri.check((tmp_path / "README.md").read_text(), tmp_path) == (["sim/c/"], ["bench/a/"])
+    assert ri.main(["--root", str(tmp_path), "--check"]) == 1
