@@ -3,9 +3,9 @@
 Examples::
 
     horovod-prio sim --model resnet50 --jobs 2 --workers 8 --bandwidth 10gbit \\
-        --steps 200 --mode all --out benchmarks/sim_results/resnet50
+        --steps 200 --mode all --out results/sim/resnet50
     horovod-prio sim --model vgg16,resnet50 --jobs 8 --workers 1000 --bandwidth 100gbit
-    horovod-prio sim --validate --out benchmarks/sim_results/validation
+    horovod-prio sim --validate --out results/sim/validation
 """
 from __future__ import annotations
 
