@@ -259,7 +259,7 @@ def plot(results: dict, path: Path, max_panels: int = 8) -> Path | None:
     runs = [r for r in results.get("runs", []) if r.get("status") == "ok"
             and (r["scenario"] in ("a", "b") or r["repeat"] == 0)]
     rep0 = [r for r in runs if r["repeat"] == 0] or runs
-    rep0 = sorted(rep0, key=lambda r: ("abc".index(r["scenario"]), r["rate"], r["batch"]))[:max_panels]
+    rep0 = sorted(rep0, key=lambda r: ("abcs".index(r["scenario"]), r["rate"], r["batch"]))[:max_panels]
     if not rep0:
         return None
     n = len(rep0)
@@ -297,22 +297,27 @@ def plot(results: dict, path: Path, max_panels: int = 8) -> Path | None:
 
 
 def plot_sweep(results: dict, path: Path) -> Path | None:
-    rows = [r for r in summarize(results) if r["scenario"] == "c" and r.get("runs_ok")
-            and r["config"] == ["prio", "prio"] and r.get("speedup")]
+    """Speedup vs per-rank batch, one line per (scenario, implementation, rate)."""
+    rows = [r for r in summarize(results) if r["scenario"] in ("c", "s") and r.get("runs_ok")
+            and "horovod" not in r["config"] and r.get("speedup")]
     if not rows:
         return None
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
-    fig, ax = plt.subplots(figsize=(5, 3), dpi=70)
-    for rate in sorted({r["rate"] for r in rows}, key=parse_rate):
-        rr = sorted([r for r in rows if r["rate"] == rate], key=lambda r: r["batch"])
-        ax.plot([r["batch"] for r in rr], [r["speedup"] for r in rr], "o-", label=rate)
+    fig, ax = plt.subplots(figsize=(6, 3.4), dpi=80)
+    keys = sorted({(r["scenario"], "+".join(r["config"]), r["rate"]) for r in rows},
+                  key=lambda k: (k[0], k[1], parse_rate(k[2])))
+    for scen, cfg, rate in keys:
+        rr = sorted([r for r in rows if (r["scenario"], "+".join(r["config"]), r["rate"])
+                     == (scen, cfg, rate)], key=lambda r: r["batch"])
+        ax.plot([r["batch"] for r in rr], [r["speedup"] for r in rr], "o-" if scen == "s" else "s--",
+                label="%s %s @ %s" % ("1 job" if scen == "s" else "2 jobs", cfg, rate))
     ax.axhline(1.0, color="0.5", lw=0.8)
     ax.set_xscale("log", base=2)
     ax.set_xlabel("batch per rank (compute per step)")
-    ax.set_ylabel("speedup prio+prio vs hvd+hvd")
-    ax.legend(fontsize=7)
+    ax.set_ylabel("speedup vs plain Horovod")
+    ax.legend(fontsize=6)
     fig.tight_layout()
     fig.savefig(path)
     plt.close(fig)

@@ -8,7 +8,14 @@ Scenarios (every run gets a fresh network namespace whose ``lo`` is shaped by
 
   a  one job:  horovod vs prio
   b  two jobs at once: horovod+horovod, prio+prio, horovod+prio
-  c  sweep over --rates x --batches: two jobs, horovod+horovod vs prio+prio
+  c  sweep over --rates x --batches: two jobs, horovod+horovod vs X+X for
+     every other implementation X in --impls
+  s  sweep over --rates x --batches: one job, horovod vs X for every X
+
+--variant NAME=HOROVOD_PRIO_X=V[;HOROVOD_PRIO_Y=W] adds an implementation NAME:
+a horovod_prio job with that environment (e.g. autotune=HOROVOD_PRIO_AUTOTUNE=1;
+monitor0=HOROVOD_PRIO_MONITOR=0; the value "--overlap" as a key adds that
+workload flag instead), to be listed in --impls.
 
 Repeats are interleaved (repeat 1 of every config, then repeat 2, ...; the
 config order rotates each repeat); ratios are computed between runs of the
@@ -51,17 +58,32 @@ def _scenarios(s):
     v = s.replace(",", "").replace("+", "").strip().lower()
     if v == "all":
         return "abc"
-    if not v or set(v) - set("abc"):
-        raise argparse.ArgumentTypeError(f"expected a, b, c, a combination (ab) or all, got {s!r}")
+    if not v or set(v) - set("abcs"):
+        raise argparse.ArgumentTypeError(f"expected a, b, c, s, a combination (ab) or all, got {s!r}")
     return "".join(sorted(set(v)))
 
 
 def _impl_list(s):
     xs = [x.strip() for x in s.split(",") if x.strip()]
-    bad = [x for x in xs if x not in ("horovod", "prio")]
-    if bad or not xs:
-        raise argparse.ArgumentTypeError(f"expected a list of horovod,prio, got {s!r}")
+    if not xs:
+        raise argparse.ArgumentTypeError(f"expected a list of horovod,prio,<variant>, got {s!r}")
     return xs
+
+
+def _variant(s):
+    """NAME=HOROVOD_PRIO_X=V[;...] -> (name, {env}, [workload flags])."""
+    name, sep, rest = s.partition("=")
+    if not sep or not name or name in ("horovod", "prio"):
+        raise argparse.ArgumentTypeError(
+            f"expected NAME=HOROVOD_PRIO_X=V[;HOROVOD_PRIO_Y=W] (NAME not horovod/prio), got {s!r}")
+    env, flags = {}, []
+    for item in filter(None, (x.strip() for x in rest.split(";"))):
+        if item.startswith("--"):
+            flags.append(item)
+            continue
+        k, v = prio_env_arg(item)
+        env[k] = v
+    return name, env, flags
 
 
 def _delay(s):
@@ -92,8 +114,10 @@ def build_parser():
     p.add_argument("--batches", type=_int_list, default=[8, 32, 128],
                    help="scenario c: comma-separated per-rank batch sizes")
     p.add_argument("--impls", type=_impl_list, default=["horovod", "prio"],
-                   help="comma-separated implementations to run (default horovod,prio); "
-                        "configs using others are skipped")
+                   help="comma-separated implementations to run (default horovod,prio; "
+                        "--variant names too); configs using others are skipped")
+    p.add_argument("--variant", type=_variant, action="append", default=[],
+                   metavar="NAME=ENV=V[;ENV=V]", help="a named horovod_prio variant (repeatable)")
     p.add_argument("--pin", choices=["job", "rank", "none"], default="job",
                    help="job: job j on core j%%ncpu (default); rank: rank r on core r; none")
     p.add_argument("--threads", type=positive_int, default=1, help="TF threads per rank")
@@ -121,6 +145,11 @@ def parse_args(argv=None):
         a.steps = 15 if a.quick else 30
     if a.out is None:
         a.out = str(REPO / "results" / "bench" / ("quick" if a.quick else "full"))
+    a.variants = {name: (env, flags) for name, env, flags in a.variant}
+    unknown = [x for x in a.impls if x not in ("horovod", "prio") and x not in a.variants]
+    if unknown:
+        p.error(f"argument --impls: unknown implementation(s) {', '.join(unknown)} "
+                f"(horovod, prio or a --variant name)")
     if a.priority is not None:
         try:
             ok = isinstance(json.loads(a.priority), dict)
@@ -142,10 +171,15 @@ def plan(args, prio_ok: bool) -> list[dict]:
     if "b" in scen:
         groups.append(("b", args.rate, args.batch,
                        [("horovod", "horovod"), ("prio", "prio"), ("horovod", "prio")]))
+    others = [x for x in args.impls if x != "horovod"]
     if "c" in scen:
         for rate in args.rates:
             for batch in args.batches:
-                groups.append(("c", rate, batch, [("horovod", "horovod"), ("prio", "prio")]))
+                groups.append(("c", rate, batch, [("horovod", "horovod")] + [(x, x) for x in others]))
+    if "s" in scen:
+        for rate in args.rates:
+            for batch in args.batches:
+                groups.append(("s", rate, batch, [("horovod",)] + [(x,) for x in others]))
     runs = []
     for rep in range(args.repeats):
         for scenario, rate, batch, configs in groups:
@@ -154,7 +188,7 @@ def plan(args, prio_ok: bool) -> list[dict]:
                 skip = None
                 if any(c not in args.impls for c in cfg):
                     skip = "not in --impls"
-                elif "prio" in cfg and not prio_ok:
+                elif any(c != "horovod" for c in cfg) and not prio_ok:
                     skip = "prio-unavailable"
                 runs.append({"scenario": scenario, "config": list(cfg), "rate": rate,
                              "batch": batch, "repeat": rep, "skip": skip})
@@ -164,12 +198,17 @@ def plan(args, prio_ok: bool) -> list[dict]:
 def execute_run(r: dict, args, workroot: Path, progress: Progress | None) -> dict:
     jobs = []
     for i, impl in enumerate(r["config"]):
-        env = dict(args.prio_env) if impl == "prio" else {}
-        jobs.append(JobSpec(name=f"job{i}", impl=impl, model=args.model, batch=r["batch"],
-                            steps=args.steps, warmup=args.warmup, threads=args.threads,
-                            cpus=cpus_for(i, args.pin), pin_rank=(args.pin == "rank"),
-                            priority=args.priority if impl == "prio" else None, env=env))
-    label = f"{r['scenario']}-{'+'.join(IMPL_SHORT[c] for c in r['config'])}-{r['rate']}-b{r['batch']}-r{r['repeat']}"
+        prio = impl != "horovod"
+        env = dict(args.prio_env) if prio else {}
+        venv, vflags = args.variants.get(impl, ({}, []))
+        env.update(venv)
+        jobs.append(JobSpec(name=f"job{i}", impl="prio" if prio else "horovod", model=args.model,
+                            batch=r["batch"], steps=args.steps, warmup=args.warmup,
+                            threads=args.threads, cpus=cpus_for(i, args.pin),
+                            pin_rank=(args.pin == "rank"),
+                            priority=args.priority if prio else None, env=env,
+                            extra_args=list(vflags)))
+    label = f"{r['scenario']}-{'+'.join(IMPL_SHORT.get(c, c) for c in r['config'])}-{r['rate']}-b{r['batch']}-r{r['repeat']}"
     workdir = workroot / label
     rec = dict(r, label=label, status="ok", error=None, loadavg_before=os.getloadavg()[0])
     link = ShapedLink(r["rate"], delay=args.delay)
@@ -215,6 +254,7 @@ def main(argv=None) -> int:
             "model": args.model, "steps": args.steps, "warmup": args.warmup,
             "repeats": args.repeats, "delay": args.delay, "priority": args.priority,
             "prio_env": dict(args.prio_env), "prio_available": prio_ok, "impls": args.impls,
+            "variants": {k: {"env": e, "flags": f} for k, (e, f) in args.variants.items()},
             "prio_unavailable_reason": None if prio_ok else why,
             "git": git_rev(),
         },
