@@ -54,6 +54,7 @@ from pathlib import Path
 
 from horovod_prio.method import units
 
+from .models import HARNESS_MODELS
 from . import netns, report, testbed
 from .harness import (REPO, ArbiterProcess, JobSpec, Progress, RunFailed, check_prio_available,
                       git_rev, horovodrun_path, job_env, positive_int, preflight, rate_arg,
@@ -209,7 +210,7 @@ def build_parser():
                    help="tbf rate of the uplink, each direction (default 1gbit)")
     p.add_argument("--burst", default="1mb", help="tbf burst (default 1mb)")
     p.add_argument("--latency", default="50ms", help="tbf latency (default 50ms)")
-    p.add_argument("--model", choices=["mlp", "cnn"], default="mlp")
+    p.add_argument("--model", choices=HARNESS_MODELS, default="mlp")
     p.add_argument("--batch", type=positive_int, default=512, help="per-rank batch (default 512)")
     p.add_argument("--steps", type=positive_int, default=20, help="measured steps per job")
     p.add_argument("--warmup", type=positive_int, default=3)
