@@ -376,11 +376,11 @@ _ARBITER_PROTO = ("python", "native")
 class _Server:
     """A server process; ``addr`` "host:port", ``stop()`` -> extra result fields."""
 
-    def __init__(self, args):
+    def __init__(self, args, tree=None):
         self.args, self.proc, self.mp_proc, self.profile_path = args, None, None, None
         self.kind = args.server
         self.cpu0 = None
-        tree = args.tree or ROOT
+        tree = tree or args.tree or ROOT
         env = dict(os.environ, HOROVOD_PRIO_ARBITER_SECRET=SECRET,
                    PYTHONPATH=os.pathsep.join([tree, os.environ.get("PYTHONPATH", "")]))
         if self.kind == "python":
@@ -468,20 +468,30 @@ class _Server:
 
 # ---------------------------------------------------------------- clients
 
-def _python_clients(args, srv):
+def _job_side(args, servers, i):
+    """(server, tree) of job ``i``: with ``--ab-tree`` the odd jobs run the B code
+    (and talk to the B server when there is one), the even ones the A code."""
+    b = bool(args.ab_tree) and i % 2 == 1
+    return servers[i % len(servers)] if b else servers[0], args.ab_tree if b else args.tree
+
+
+def _python_clients(args, servers):
     ctx = mp.get_context("spawn")
     q = ctx.Queue()
     start_evt = ctx.Event()
     job = _job if args.server in _ARBITER_PROTO else _grpc_job if args.server == "grpc" else _echo_job
-    target = srv.addr if job is _job else srv.port
-    procs = [ctx.Process(target=job, args=(i, target, args.samples, args.interval, args.warmup,
-                                           q, start_evt) + ((args.profile, args.tree)
-                                                            if job is not _grpc_job else ()))
-             for i in range(args.jobs)]
+    procs = []
+    for i in range(args.jobs):
+        srv, tree = _job_side(args, servers, i)
+        target = srv.addr if job is _job else srv.port
+        procs.append(ctx.Process(target=job, args=(i, target, args.samples, args.interval,
+                                                   args.warmup, q, start_evt)
+                                 + ((args.profile, tree) if job is not _grpc_job else ())))
     for p in procs:
         p.start()
     time.sleep(0.5)
-    srv.mark()
+    for srv in servers:
+        srv.mark()
     h0 = _host_cpu()
     start_evt.set()
     all_rtts, errors, counters = [], [], {}
@@ -491,6 +501,7 @@ def _python_clients(args, srv):
             errors.append(extra)
         else:
             all_rtts += rtts
+            extra["rtts"] = rtts
             counters[idx] = extra
     h1 = _host_cpu()
     for p in procs:
@@ -499,7 +510,8 @@ def _python_clients(args, srv):
     return all_rtts, errors, counters, (h0, h1), (sum(cpu) if len(cpu) == len(counters) else None)
 
 
-def _native_clients(args, srv):
+def _native_clients(args, servers):
+    srv = servers[0]
     exe, kind = build_native(exe=args.native_exe)
     proto = "arbiter" if args.server in _ARBITER_PROTO else "echo"
     if proto == "arbiter" and kind != "openssl":
@@ -556,6 +568,12 @@ def _summary(args, all_rtts, errors, extra):
                  res.get("loadavg_1m_before", float("nan")), res["loadavg_1m"]))
         print("  p50 %.1f us  p90 %.1f us  p99 %.1f us  max %.1f us" % (
             res["rtt_us"]["p50"], res["rtt_us"]["p90"], res["rtt_us"]["p99"], res["rtt_us"]["max"]))
+        for half, d in sorted((res.get("ab") or {}).items()):
+            print("  %s (%d jobs, %s): p50 %.1f us  p90 %.1f us  p99 %.1f us  client CPU %s us/grant%s"
+                  % (half.upper(), d["jobs"], d["tree"] or "this checkout", d["rtt_us"]["p50"],
+                     d["rtt_us"]["p90"], d["rtt_us"]["p99"], d["client_cpu_us_per_grant"],
+                     ("  server CPU %s us/grant" % d["server_cpu_us_per_grant"])
+                     if "server_cpu_us_per_grant" in d else ""))
         prof = res.get("profile")
         if prof:
             print("  per stage (us): p50 / p99 / mean / mean of the slowest %g%% (%d round trips, "
@@ -572,18 +590,47 @@ def _summary(args, all_rtts, errors, extra):
     return 1 if errors else 0
 
 
+def _ab_summary(args, counters, server_cpu):
+    """Per half of an ``--ab-tree`` run: round trips and CPU of the A and the B jobs."""
+    us = lambda ns: round(ns / 1000.0, 1)  # noqa: E731
+    out = {}
+    for half, odd in (("a", 0), ("b", 1)):
+        cs = [c for i, c in counters.items() if i % 2 == odd]
+        rtts = sorted(r for c in cs for r in c["rtts"])
+        n = sum(1 for i in range(args.jobs) if i % 2 == odd) * (args.samples + args.warmup)
+        out[half] = {"tree": args.ab_tree if odd else args.tree, "jobs": len(cs),
+                     "samples": len(rtts),
+                     "rtt_us": {"p50": us(pct(rtts, 50)), "p90": us(pct(rtts, 90)),
+                                "p99": us(pct(rtts, 99))},
+                     "client_cpu_us_per_grant": round(sum(c["cpu_seconds"] for c in cs) / n * 1e6, 1)
+                     if n else None}
+        if len(server_cpu) == 2 and server_cpu[odd] is not None:
+            out[half]["server_cpu_us_per_grant"] = round(server_cpu[odd] / n * 1e6, 1)
+    return out
+
+
 def run(args):
     """One measurement as the command line describes it; returns the exit code."""
     load0 = round(os.getloadavg()[0], 2)
-    srv = _Server(args)
+    servers = [_Server(args)]
     try:
+        if args.ab_tree and args.server == "python":
+            servers.append(_Server(args, tree=args.ab_tree))
         if args.client == "python":
-            all_rtts, errors, counters, (h0, h1), client_cpu = _python_clients(args, srv)
+            all_rtts, errors, counters, (h0, h1), client_cpu = _python_clients(args, servers)
         else:
-            all_rtts, errors, counters, (h0, h1), client_cpu = _native_clients(args, srv)
+            all_rtts, errors, counters, (h0, h1), client_cpu = _native_clients(args, servers)
     finally:
-        extra, srv_cpu, records = srv.stop()
+        stopped = [s.stop() for s in servers]
+    srv = servers[0]
+    extra, _, records = stopped[0]
+    cpus = [c for _, c, _ in stopped]
+    srv_cpu = sum(cpus) if None not in cpus else None
     n_grants = args.jobs * (args.samples + args.warmup)
+    if args.ab_tree:
+        extra["ab"] = _ab_summary(args, counters, cpus)
+    for c in counters.values():
+        c.pop("rtts", None)
     extra.update({
         "loadavg_1m_before": load0,
         "host": host_load(h0, h1, (srv_cpu or 0.0) + client_cpu if client_cpu is not None else None),
@@ -679,6 +726,11 @@ def parse_args(argv=None):
                     help="use this build of benchmarks/rtt_native.c instead of compiling it")
     ap.add_argument("--tree", metavar="DIR",
                     help="import horovod_prio from this checkout (server and jobs)")
+    ap.add_argument("--ab-tree", metavar="DIR",
+                    help="paired A/B: the odd jobs import horovod_prio from DIR (and, with "
+                         "--server python, talk to a second arbiter running DIR's code), the even "
+                         "ones from --tree (or this checkout); both halves run at the same time, "
+                         "so they see the same machine load; 'ab' in the result has each half")
     ap.add_argument("--grant-rate", action="store_true",
                     help="measure the grant policy alone (in process): grants/s with --rate-jobs "
                          "jobs x --rate-pending pending requests")
@@ -699,10 +751,17 @@ def parse_args(argv=None):
     if args.profile and (args.client != "python" or args.server not in _ARBITER_PROTO):
         ap.error("--profile times the Python ArbiterClient: --client python with --server "
                  "python or native")
-    if args.tree is not None:
-        args.tree = os.path.abspath(args.tree)
-        if not os.path.isfile(os.path.join(args.tree, "horovod_prio", "arbiter", "client.py")):
-            ap.error("--tree %s has no horovod_prio/arbiter/client.py" % args.tree)
+    for opt in ("tree", "ab_tree"):
+        d = getattr(args, opt)
+        if d is not None:
+            d = os.path.abspath(d)
+            if not os.path.isfile(os.path.join(d, "horovod_prio", "arbiter", "client.py")):
+                ap.error("--%s %s has no horovod_prio/arbiter/client.py" % (opt.replace("_", "-"), d))
+            setattr(args, opt, d)
+    if args.ab_tree and (args.client != "python" or args.server not in _ARBITER_PROTO
+                         or args.profile or args.jobs < 2):
+        ap.error("--ab-tree compares Python job code: --client python, --server python or native, "
+                 "--jobs >= 2, no --profile")
     return args
 
 

@@ -7,7 +7,13 @@
 A configuration is ``SERVER/CLIENT`` (``arbiter_rtt --server``/``--client``),
 optionally ``@NAME`` to import ``horovod_prio`` from the checkout given by
 ``--tree NAME=DIR`` (two versions of the code, measured on the same machine
-state). Repeat k runs every configuration once, in an order rotated by k, each
+state), or ``@NAME~OTHER`` for a paired run (``arbiter_rtt --ab-tree``): half
+the jobs (and their arbiter) run NAME's code, the other half OTHER's, at the
+same time; ``@~OTHER`` pairs this checkout with OTHER. For paired runs the
+summary also compares the two versions run by run (``pairs``): medians of
+each version's p50/p90/p99 and CPU, and the median of the per-run
+differences. List both orders (``@a~b,@b~a``) so neither version always gets
+the odd jobs. Repeat k runs every configuration once, in an order rotated by k, each
 in a fresh process, so slow drifts of the shared machine's load hit every
 configuration alike. Every run's JSON (plus configuration, repeat, start time,
 git commit of this checkout) is appended to ``--out``; at the end one line per
@@ -32,6 +38,7 @@ from benchmarks.arbiter_rtt import CLIENTS, SERVERS, _host_cpu, build_native  # 
 def parse_config(text, trees):
     """``SERVER/CLIENT[@TREE]`` -> ``(name, argv)``; ValueError naming the rule."""
     spec, _, tree = text.partition("@")
+    tree, _, ab = tree.partition("~")
     server, _, client = spec.partition("/")
     client = client or "python"
     if server not in SERVERS:
@@ -39,10 +46,13 @@ def parse_config(text, trees):
     if client not in CLIENTS:
         raise ValueError("client %r in %r: choose from %s" % (client, text, ", ".join(CLIENTS)))
     argv = ["--server", server, "--client", client]
-    if tree:
-        if tree not in trees:
-            raise ValueError("%r: no --tree %s=DIR given" % (text, tree))
-        argv += ["--tree", trees[tree]]
+    for opt, name in (("--tree", tree), ("--ab-tree", ab)):
+        if name:
+            if name not in trees:
+                raise ValueError("%r: no --tree %s=DIR given" % (text, name))
+            argv += [opt, trees[name]]
+    if "~" in text and not ab:
+        raise ValueError("%r: '~' needs the other version's name" % text)
     return text, argv
 
 
@@ -100,6 +110,42 @@ def wait_quiet(max_busy, max_wait, probe=1.0, sleep=time.sleep):
             return round(busy, 3), round(waited, 1)
         sleep(probe)
         waited += probe
+
+
+def compare_pairs(results, trees):
+    """Paired runs (``ab`` in the result): per version, the medians of its
+    half's p50/p90/p99 and client CPU over all runs, and per pair of versions
+    the median of the per-run differences (second minus first, in the order
+    the versions are first seen) and how many runs the second was lower."""
+    names = {os.path.abspath(d): n for n, d in trees.items()}
+    per = {}            # version -> list of half results
+    diffs = {}          # (x, y) -> list of per-run dicts of differences
+    for r in results:
+        ab = r.get("ab")
+        if not ab or r.get("errors"):
+            continue
+        ha, hb = ab["a"], ab["b"]
+        na, nb = (names.get(h["tree"], h["tree"] or "this checkout") for h in (ha, hb))
+        for n, h in ((na, ha), (nb, hb)):
+            per.setdefault(n, []).append(h)
+        (x, hx), (y, hy) = sorted(((na, ha), (nb, hb)), key=lambda t: list(per).index(t[0]))
+        diffs.setdefault((x, y), []).append(
+            {k: hy["rtt_us"][k] - hx["rtt_us"][k] for k in ("p50", "p90", "p99")})
+        diffs[(x, y)][-1]["client_cpu"] = (hy.get("client_cpu_us_per_grant") or 0) - \
+            (hx.get("client_cpu_us_per_grant") or 0)
+    out = {"versions": {}, "differences": []}
+    for n, hs in per.items():
+        out["versions"][n] = {"runs": len(hs),
+                              **{k: _median([h["rtt_us"][k] for h in hs]) for k in ("p50", "p90", "p99")},
+                              "client_cpu_us": _median([h.get("client_cpu_us_per_grant") for h in hs]),
+                              "server_cpu_us": _median([h.get("server_cpu_us_per_grant") for h in hs])}
+    for (x, y), ds in diffs.items():
+        out["differences"].append({
+            "first": x, "second": y, "runs": len(ds),
+            **{"median_%s_diff" % k: _median([d[k] for d in ds])
+               for k in ("p50", "p90", "p99", "client_cpu")},
+            **{"second_lower_%s" % k: sum(1 for d in ds if d[k] < 0) for k in ("p50", "p99")}})
+    return out
 
 
 def _git_commit():
@@ -176,7 +222,19 @@ def main(argv=None):
             row["config"], row["runs"] - row["failed"], row["p50"], row["p90"], row["p99"],
             "%s-%s" % (row["p99_min"], row["p99_max"]), row["load_before"], row["foreign_cpus"],
             row["server_cpu_us"], row["client_cpu_us"]))
-    print(json.dumps({"commit": commit, "rows": summarize(results)}, sort_keys=True))
+    pairs = compare_pairs(results, trees)
+    if pairs["versions"]:
+        print("paired runs, per version (medians): p50 / p90 / p99 us, client CPU us/grant")
+        for n, v in pairs["versions"].items():
+            print("  %-20s %3d runs  %7s %7s %7s  cpu %s" % (n, v["runs"], v["p50"], v["p90"], v["p99"],
+                                                            v["client_cpu_us"]))
+        for d in pairs["differences"]:
+            print("  %s minus %s, median of %d runs: p50 %+.1f  p90 %+.1f  p99 %+.1f us  cpu %+.1f; "
+                  "lower in %d (p50) / %d (p99) runs" % (
+                      d["second"], d["first"], d["runs"], d["median_p50_diff"], d["median_p90_diff"],
+                      d["median_p99_diff"], d["median_client_cpu_diff"], d["second_lower_p50"],
+                      d["second_lower_p99"]))
+    print(json.dumps({"commit": commit, "rows": summarize(results), "pairs": pairs}, sort_keys=True))
     return 1 if any(r.get("errors") for r in results) else 0
 
 

@@ -33,6 +33,11 @@ def test_baseline_and_grpc_are_server_aliases():
     ["--profile", "--server", "echo"],
     ["--tree", "/nonexistent-dir"],
     ["--jobs", "0"],
+    ["--ab-tree", "/nonexistent-dir"],
+    ["--ab-tree", ".", "--client", "native"],
+    ["--ab-tree", ".", "--profile"],
+    ["--ab-tree", ".", "--jobs", "1"],
+    ["--ab-tree", ".", "--server", "echo"],
 ])
 def test_bad_arguments_exit_2(argv, capsys):
     with pytest.raises(SystemExit) as e:
@@ -118,6 +123,34 @@ def test_matrix_parse_config():
             am.parse_config(bad, {})
 
 
+def test_matrix_parse_paired_config():
+    trees = {"a": "/ta", "b": "/tb"}
+    assert am.parse_config("python/python@a~b", trees)[1][-4:] == ["--tree", "/ta", "--ab-tree", "/tb"]
+    argv = am.parse_config("native/python@~b", trees)[1]
+    assert "--tree" not in argv and argv[-2:] == ["--ab-tree", "/tb"]
+    for bad in ("python/python@a~", "python/python@a~zz"):
+        with pytest.raises(ValueError):
+            am.parse_config(bad, trees)
+
+
+def test_matrix_compare_pairs_both_orders():
+    def half(tree, p50, cpu):
+        return {"tree": tree, "rtt_us": {"p50": p50, "p90": 2 * p50, "p99": 3 * p50},
+                "client_cpu_us_per_grant": cpu}
+    runs = [{"errors": [], "ab": {"a": half("/ta", 100, 50), "b": half("/tb", 90, 45)}},
+            {"errors": [], "ab": {"a": half("/tb", 80, 40), "b": half("/ta", 100, 50)}},
+            {"errors": [], "ab": {"a": half("/ta", 100, 50), "b": half("/tb", 110, 55)}},
+            {"errors": ["x"], "ab": {"a": half("/ta", 1, 1), "b": half("/tb", 1, 1)}},
+            {"errors": [], "rtt_us": {}}]
+    out = am.compare_pairs(runs, {"a": "/ta", "b": "/tb"})
+    assert out["versions"]["a"]["runs"] == 3 and out["versions"]["b"]["p50"] == 90
+    (d,) = out["differences"]
+    assert (d["first"], d["second"], d["runs"]) == ("a", "b", 3)
+    assert d["median_p50_diff"] == -10 and d["median_p99_diff"] == -30
+    assert d["median_client_cpu_diff"] == -5
+    assert d["second_lower_p50"] == 2
+
+
 def test_matrix_summary_medians_ignore_failed_runs():
     def run(cfg, p99, err=()):
         return {"config": cfg, "errors": list(err), "rtt_us": {"p50": p99 / 2, "p90": p99, "p99": p99},
@@ -158,6 +191,18 @@ def test_profile_run_joins_client_and_server_points(capsys):
     assert [r["stage"] for r in prof["stages"]] == [name for name, _, _ in rp.STAGES]
     assert all(r["p50_us"] >= 0 for r in prof["stages"][2:7])     # server stages, in order
     assert res["host"] is not None and res["loadavg_1m_before"] is not None
+
+
+def test_ab_run_reports_each_half(capsys):
+    """--ab-tree: odd jobs run the other checkout's code against their own
+    arbiter; both halves are reported (same code here, so both must work)."""
+    rc, res = _run(capsys, ["--jobs", "4", "--ab-tree", ar.ROOT])
+    assert rc == 0 and res["errors"] == [] and res["samples"] == 120
+    a, b = res["ab"]["a"], res["ab"]["b"]
+    assert (a["jobs"], b["jobs"], a["samples"], b["samples"]) == (2, 2, 60, 60)
+    assert b["tree"] == ar.ROOT and a["tree"] is None
+    assert a["server_cpu_us_per_grant"] is not None and b["server_cpu_us_per_grant"] is not None
+    assert res["arbiter_grants"] == 2 * (30 + 5)          # the A arbiter saw only the A jobs
 
 
 @needs_gcc
@@ -274,3 +319,4 @@ def test_echo_job_frames_its_message():
     data = b"".join(seen)
     assert len(data) == 3 * 52
     assert all(data[i:i + 4] == (48).to_bytes(4, "big") for i in range(0, len(data), 52))
+
