@@ -320,3 +320,51 @@ def test_echo_job_frames_its_message():
     assert len(data) == 3 * 52
     assert all(data[i:i + 4] == (48).to_bytes(4, "big") for i in range(0, len(data), 52))
 
+
+
+# ---------------------------------------------------------------- the client's turn (client.py)
+
+def test_client_delivers_a_grant_in_the_turn_that_read_it():
+    """The round trip ends at on_grant: the I/O thread hands a GRANT to
+    on_grant right after reading it, not after another pass over its timers."""
+    from horovod_prio.arbiter.client import ArbiterClient
+    from horovod_prio.arbiter.server import ArbiterServer
+    secret = "turn-test-secret-0123456789"
+    srv = ArbiterServer(secret=secret, credit_bytes=1 << 30)
+    addr = srv.start()
+    log, got = [], threading.Event()
+
+    def on_grant(key):
+        log.append(("on_grant", key))
+        got.set()
+    cl = ArbiterClient("%s:%d" % addr, "link0", "j", secret, on_grant, timeout=0.5)
+    try:
+        deadline = time.monotonic() + 5
+        while not cl.connected and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert cl.connected
+        orig_timers, orig_frame = cl._timers, cl._on_frame
+
+        def timers(now):
+            log.append(("timers",))
+            return orig_timers(now)
+
+        def on_frame(body, now):
+            n = len(cl._due)
+            orig_frame(body, now)
+            if len(cl._due) > n:
+                log.append(("granted", cl._due[-1].key))
+        cl._timers, cl._on_frame = timers, on_frame
+        for k in range(20):
+            got.clear()
+            cl.request(k, 1, 100)
+            assert got.wait(5)
+            cl.complete(k)
+        assert [e[1] for e in log if e[0] == "on_grant"] == list(range(20))
+        for i, e in enumerate(log):
+            if e[0] == "on_grant":
+                before = [x for x in log[:i] if x[0] in ("granted", "timers")]
+                assert before[-1] == ("granted", e[1]), log[max(0, i - 4):i + 1]
+    finally:
+        cl.close()
+        srv.stop()
