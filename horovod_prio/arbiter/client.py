@@ -326,6 +326,11 @@ class ArbiterClient:
                             pass
                     elif self._t is not None and key.fileobj is self._t.sock:
                         self._on_io(mask, time.monotonic())
+                # grants that just arrived go out in this turn, before the next
+                # pass over the timers: a grant's round trip ends at its on_grant
+                due, self._due = self._due, []
+            if due:
+                self._deliver(due)
         except Exception:
             # a bug here must not stop chunks from being granted: drop the
             # connection (waiting requests are granted locally) and go on
