@@ -325,7 +325,7 @@ def build_native(src=None, exe=None):
 
 # ---------------------------------------------------------------- load
 
-def _host_cpu():
+def host_cpu():
     """(busy, steal, total) jiffies of all CPUs from /proc/stat, or None."""
     try:
         with open("/proc/stat") as f:
@@ -339,7 +339,7 @@ def _host_cpu():
 
 
 def host_load(before, after, own_cpu_seconds):
-    """How busy the machine was between two :func:`_host_cpu` snapshots: ``busy``
+    """How busy the machine was between two :func:`host_cpu` snapshots: ``busy``
     and ``steal`` as fractions of all CPUs, and ``foreign_cpus``: CPUs' worth of
     work that was not the benchmark's own processes (``own_cpu_seconds``)."""
     if before is None or after is None:
@@ -492,7 +492,7 @@ def _python_clients(args, servers):
     time.sleep(0.5)
     for srv in servers:
         srv.mark()
-    h0 = _host_cpu()
+    h0 = host_cpu()
     start_evt.set()
     all_rtts, errors, counters = [], [], {}
     for _ in procs:
@@ -503,7 +503,7 @@ def _python_clients(args, servers):
             all_rtts += rtts
             extra["rtts"] = rtts
             counters[idx] = extra
-    h1 = _host_cpu()
+    h1 = host_cpu()
     for p in procs:
         p.join(30)
     cpu = [c["cpu_seconds"] for c in counters.values() if "cpu_seconds" in c]
@@ -523,9 +523,9 @@ def _native_clients(args, servers):
         cmd.append("--io-thread")
     # the server's CPU is counted from here: the jobs connect (handshake) first, ~ms
     srv.mark()
-    h0 = _host_cpu()
+    h0 = host_cpu()
     r = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
-    h1 = _host_cpu()
+    h1 = host_cpu()
     try:
         d = json.loads(r.stdout.strip().splitlines()[-1])
     except (ValueError, IndexError):

@@ -32,7 +32,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 if ROOT not in sys.path:
     sys.path.insert(0, ROOT)
 
-from benchmarks.arbiter_rtt import CLIENTS, SERVERS, _host_cpu, build_native  # noqa: E402
+from benchmarks.arbiter_rtt import CLIENTS, SERVERS, host_cpu, build_native  # noqa: E402
 
 
 def parse_config(text, trees):
@@ -99,9 +99,9 @@ def wait_quiet(max_busy, max_wait, probe=1.0, sleep=time.sleep):
     busy fraction seen (None if /proc/stat is unreadable) and the seconds waited."""
     waited = 0.0
     while True:
-        a = _host_cpu()
+        a = host_cpu()
         sleep(probe)
-        b = _host_cpu()
+        b = host_cpu()
         if a is None or b is None or b[2] <= a[2]:
             return None, waited
         busy = (b[0] - a[0]) / float(b[2] - a[2])

@@ -166,11 +166,11 @@ def test_matrix_summary_medians_ignore_failed_runs():
 def test_wait_quiet_waits_for_an_idle_second(monkeypatch):
     # busy 90 %, then 10 %: returns after the second probe
     snaps = iter([(0, 0, 0), (90, 0, 100), (90, 0, 100), (100, 0, 200)])
-    monkeypatch.setattr(am, "_host_cpu", lambda: next(snaps))
+    monkeypatch.setattr(am, "host_cpu", lambda: next(snaps))
     busy, waited = am.wait_quiet(0.2, 60, probe=1.0, sleep=lambda s: None)
     assert busy == 0.1 and waited == 3.0
     snaps2 = iter([(0, 0, 0), (90, 0, 100)] * 10)
-    monkeypatch.setattr(am, "_host_cpu", lambda: next(snaps2))
+    monkeypatch.setattr(am, "host_cpu", lambda: next(snaps2))
     busy, waited = am.wait_quiet(0.2, 1.0, probe=1.0, sleep=lambda s: None)
     assert busy == 0.9 and waited == 1.0
 
