@@ -8,7 +8,7 @@ step. The runtime owns the workers: it starts them (first use) and, at exit,
 flushes what was posted (bounded wait) and stops them.
 
 A channel (duck-typed; the TensorFlow binding's is
-``horovod_prio.tensorflow.overlap.Channel``) has ``name``, ``state()``
+``horovod_prio.tensorflow.overlapped.Channel``) has ``name``, ``state()``
 (``"open"``, ``"closed"``, ``"failed"``), ``error()``, ``fail(message)``,
 ``flush(timeout) -> bool`` (True: everything posted is applied) and
 ``close()``.
