@@ -98,7 +98,8 @@ def trace_events(events, pid=0):
 
     * ``wait``: span ``wait layer <task>`` (tid ``overlap wait``) from the
       moment the next step's forward asked for the layer to the moment it got
-      it (``args.blocked``: it had to wait for the previous step's update);
+      it (``args.blocked``: the previous step's update of that layer was still
+      pending when it asked);
     * ``apply``: instant ``applied layer <task>`` (tid ``overlap apply``);
     * ``finish``: span ``update step <ticket>`` from the training call's
       begin to the background's last apply (tid ``overlap steps``);
@@ -111,7 +112,6 @@ def trace_events(events, pid=0):
         args = dict(e)
         if kind == "wait":
             begin, dur = e.get("begin_us", ts), e.get("dur_us", 0)
-            args["blocked"] = dur > 0
             out.append({"name": "wait layer %d" % e.get("task", -1), "ph": "X", "pid": pid,
                         "tid": "overlap wait", "ts": begin, "dur": max(0, dur),
                         "cat": "overlap", "args": args})

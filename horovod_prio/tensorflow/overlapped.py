@@ -84,7 +84,7 @@ def _load():
         lib = ctypes.CDLL(path)
         i64, c_int, dbl, cp = ctypes.c_int64, ctypes.c_int, ctypes.c_double, ctypes.c_char_p
         for name, res, args in (
-                ("hvdprio_overlap_new", i64, [cp, i64, i64]),
+                ("hvdprio_overlap_new", i64, [cp, i64, i64, i64]),
                 ("hvdprio_overlap_flush", c_int, [i64, dbl]),
                 ("hvdprio_overlap_fail", None, [i64, cp]),
                 ("hvdprio_overlap_close", None, [i64]),
@@ -123,14 +123,15 @@ class Channel:
 
     STATES = {0: "open", 1: "closed", 2: "failed"}
 
-    def __init__(self, name, ntasks, nslots):
+    def __init__(self, name, ntasks, nslots, nmeta=0):
         _, lib = _load()
         self._lib = lib
         self.name = name
-        self.id = int(lib.hvdprio_overlap_new(name.encode(), int(ntasks), int(nslots)))
+        self.id = int(lib.hvdprio_overlap_new(name.encode(), int(ntasks), int(nslots),
+                                              int(nmeta)))
         if self.id < 0:
-            raise ValueError("overlap channel %r: bad sizes (%r layers, %r slots)"
-                             % (name, ntasks, nslots))
+            raise ValueError("overlap channel %r: bad sizes (%r layers, %r slots, %r values)"
+                             % (name, ntasks, nslots, nmeta))
 
     def state(self):
         return self.STATES.get(self._lib.hvdprio_overlap_state(self.id), "unknown")
@@ -345,6 +346,7 @@ class _Pipeline:
     def __init__(self, state, variables, grads, flats, ctxs):
         base, opt = state.base, state.opt
         runtime = get_runtime()
+        runtime.setup(base.config, _hvd.rank(), _hvd.size(), owner=base.name)
         self.state = state
         self.variables = list(variables)
         self.shapes = [g.shape for g in grads]
@@ -366,7 +368,8 @@ class _Pipeline:
         self.meta = [("iterations", tf.int64, []), ("priorities", tf.int32, [self.num_groups])]
         self.meta += [(n, v.dtype.base_dtype, []) for n, v in self.hypers]
         self.chunk_slot0 = len(self.meta)
-        self.channel = Channel(self.name, len(self.tasks), self.chunk_slot0 + len(self.plan.chunks))
+        self.channel = Channel(self.name, len(self.tasks),
+                               self.chunk_slot0 + len(self.plan.chunks), self.chunk_slot0)
         self.size = base.process_set.size()
         with tf.init_scope():
             # The optimizer's weights exist before the step reads `iterations` (the

@@ -69,6 +69,7 @@ struct Step {
   std::vector<char> filled;   // 0 empty, 1 posted, 2 taken
   std::vector<char> applied;  // per task
   int nposted = 0;
+  int nchunks = 0;  // posts to the chunk slots (slot >= the channel's nmeta)
   bool sealed = false;
   bool taken = false;  // handed to a background call by TakeBegin
   int64_t begin_us = 0;
@@ -82,6 +83,7 @@ struct Request {
   int task = 0;          // kWait
   int64_t bound = 0;     // kWait: steps with ticket <= bound must have applied `task`
   int64_t start_us = 0;  // kWait
+  bool blocked = false;  // kWait: not satisfied when it started
   int64_t ticket = 0;    // kTake
   int slot = 0;          // kTake
   std::function<void(const Status&, const Tensor*, int64_t)> complete;
@@ -91,6 +93,7 @@ struct Channel {
   std::string name;
   int ntasks = 0;
   int nslots = 0;
+  int nmeta = 0;  // slots 0..nmeta-1 hold the step's values (iterations, ...), the rest chunks
   std::deque<std::shared_ptr<Step>> live;  // begun, not finished nor dropped; ascending tickets
   int64_t last_ticket = 0;
   bool closed = false;
@@ -164,12 +167,13 @@ void Fail(Channel* ch, const std::string& msg) {
   Event(*ch, "failed", 0, NowUs(), ",\"message\":\"" + Escape(msg) + "\"");
 }
 
-// Seals step s (its training call ended): dropped if empty, the channel fails
-// if it posted only part of its slots.
+// Seals step s (its training call ended): dropped if it posted no gradient
+// chunk (e.g. it failed before backprop, or it only accumulated), the
+// channel fails if it posted only part of its slots.
 void Seal(Channel* ch, const std::shared_ptr<Step>& s) {
   if (s->sealed) return;
   s->sealed = true;
-  if (s->nposted == 0) {
+  if (s->nchunks == 0) {
     ch->live.erase(std::remove(ch->live.begin(), ch->live.end(), s), ch->live.end());
     ++ch->dropped;
     Event(*ch, "drop", s->ticket, NowUs());
@@ -195,9 +199,9 @@ void SealAll(Channel* ch) {
 bool WaitSatisfied(const Channel& ch, const Request& r) {
   for (const auto& s : ch.live) {
     if (s->ticket > r.bound) break;
-    // A step without posts never blocks: it belongs to a call that has ended
+    // A step without chunks never blocks: it belongs to a call that has ended
     // (a wait starts before its own call's Begin) and will be dropped.
-    if (s->nposted > 0 && !s->applied[r.task]) return false;
+    if (s->nchunks > 0 && !s->applied[r.task]) return false;
   }
   return true;
 }
@@ -221,7 +225,8 @@ void Collect(Channel* ch, std::vector<std::function<void()>>* ready) {
         const int64_t now = NowUs();
         std::ostringstream o;
         o << ",\"task\":" << r.task << ",\"begin_us\":" << r.start_us
-          << ",\"dur_us\":" << (now - r.start_us);
+          << ",\"dur_us\":" << (now - r.start_us)
+          << ",\"blocked\":" << (r.blocked ? "true" : "false");
         Event(*ch, "wait", r.bound + 1, now, o.str());
         auto fn = std::move(r.complete);
         ready->push_back([fn]() { fn(Status(), nullptr, 0); });
@@ -230,7 +235,7 @@ void Collect(Channel* ch, std::vector<std::function<void()>>* ready) {
       case Request::kTakeBegin: {
         std::shared_ptr<Step> pick;
         for (auto& s : ch->live) {
-          if (!s->taken && s->nposted > 0) {
+          if (!s->taken && s->nchunks > 0) {
             pick = s;
             break;
           }
@@ -554,7 +559,8 @@ class OverlapPostOp : public OpKernel {
         } else {
           s->slots[slot_] = ctx->input(1);  // shares the buffer (refcounted, immutable)
           s->filled[slot_] = 1;
-          if (s->nposted++ == 0) ++ch->started;
+          if (slot_ >= ch->nmeta && s->nchunks++ == 0) ++ch->started;
+          ++s->nposted;
           ++ch->posts;
           ov::Event(*ch, "post", ticket, ov::NowUs(), ",\"slot\":" + std::to_string(slot_));
         }
@@ -591,7 +597,8 @@ class OverlapWaitOp : public AsyncOpKernel {
                         done);
       r.bound = ch->last_ticket;
       ++ch->waits;
-      if (!ov::WaitSatisfied(*ch, r) && ch->error.empty() && !ch->closed) ++ch->waits_blocked;
+      r.blocked = !ov::WaitSatisfied(*ch, r) && ch->error.empty() && !ch->closed;
+      if (r.blocked) ++ch->waits_blocked;
     }
     ov::Enqueue(ctx, channel_, std::move(r), std::move(done),
                 [](OpKernelContext*, const Tensor*, int64_t) {});
@@ -762,14 +769,16 @@ extern "C" {
 namespace ov = horovod_prio::overlap;
 
 // New channel `name` with `ntasks` layers and `nslots` posted values per
-// step; returns its id (>= 0) or -1 on bad arguments.
-int64_t hvdprio_overlap_new(const char* name, int64_t ntasks, int64_t nslots) {
-  if (name == nullptr || ntasks < 1 || nslots < 1) return -1;
+// step, the first `nmeta` of them the step's values, the rest gradient
+// chunks; returns its id (>= 0) or -1 on bad arguments.
+int64_t hvdprio_overlap_new(const char* name, int64_t ntasks, int64_t nslots, int64_t nmeta) {
+  if (name == nullptr || ntasks < 1 || nmeta < 0 || nslots <= nmeta) return -1;
   std::lock_guard<std::mutex> l(ov::g_mu);
   auto ch = std::make_unique<ov::Channel>();
   ch->name = name;
   ch->ntasks = static_cast<int>(ntasks);
   ch->nslots = static_cast<int>(nslots);
+  ch->nmeta = static_cast<int>(nmeta);
   ov::g_channels.push_back(std::move(ch));
   return static_cast<int64_t>(ov::g_channels.size()) - 1;
 }
@@ -792,7 +801,7 @@ int hvdprio_overlap_flush(int64_t channel, double timeout_s) {
   auto idle = [ch]() {
     if (ch->closed || !ch->error.empty()) return true;
     for (const auto& s : ch->live) {
-      if (s->nposted > 0) return false;
+      if (s->nchunks > 0) return false;
     }
     return true;
   };
@@ -804,7 +813,7 @@ int hvdprio_overlap_flush(int64_t channel, double timeout_s) {
   if (!ch->error.empty() || ch->closed) {
     // Closed with nothing pending counts as flushed.
     bool pending = false;
-    for (const auto& s : ch->live) pending = pending || s->nposted > 0;
+    for (const auto& s : ch->live) pending = pending || s->nchunks > 0;
     if (!ch->error.empty() || pending) return -1;
   }
   return 0;
