@@ -170,34 +170,39 @@ def run_with_timeout(fn, timeout=60.0):
 
 
 class _Bg:
-    """A hand-made background loop on a test channel: take the step's slots, add
-    the chunk's sum to ``v``, mark the layer applied, finish."""
+    """A hand-made background loop on a test channel: take the step's slots, wait
+    ``delay`` seconds (so the next training call starts before the update), add
+    the last chunk's sum to ``v``, mark the layer applied, finish."""
 
-    def __init__(self, tf, overlapped, channel, v, nslots):
+    def __init__(self, tf, overlapped, channel, v, nslots, delay=0.2):
         ops, _ = overlapped._load()
         from horovod_prio.tensorflow.ops import independent
 
         @tf.function
-        def step():
+        def take():
             ticket = independent(ops.hvd_prio_overlap_take_begin(channel=channel.id))
             vals = [independent(ops.hvd_prio_overlap_take(ticket, T=tf.float32, shape=[2],
                                                          channel=channel.id, slot=i))
                     for i in range(nslots)]
-            upd = v.assign_add(tf.reduce_sum(vals[-1]))
+            return ticket, vals[-1]
+
+        @tf.function
+        def apply(ticket, last):
+            upd = v.assign_add(tf.reduce_sum(last))
             with tf.control_dependencies([upd]):
                 done = independent(ops.hvd_prio_overlap_layer_done(ticket, channel=channel.id,
                                                                    task=0))
-            with tf.control_dependencies([done] + vals):
+            with tf.control_dependencies([done]):
                 independent(ops.hvd_prio_overlap_finish(ticket, channel=channel.id))
 
         self.errors = []
-        self.steps = 0
 
         def loop():
             while True:
                 try:
-                    step()
-                    self.steps += 1
+                    ticket, last = take()
+                    time.sleep(delay)
+                    apply(ticket, last)
                 except Exception as e:  # noqa: B902 - recorded for the test
                     self.errors.append(e)
                     return
@@ -261,6 +266,34 @@ def test_channel_orders_reads_after_updates_and_fails_loudly_part_way(tf_env):
     assert not bg.thread.is_alive() and bg.errors
     with pytest.raises(tf.errors.AbortedError, match="posting only 2 of 3"):
         run_with_timeout(lambda: train(ones, 1.0))   # the next step refuses
+    ch.close()
+
+
+@pytest.mark.tf_stack
+@pytest.mark.timeout(180)
+def test_a_step_cannot_finish_before_all_its_values_are_taken(tf_env):
+    tf, hvd, overlapped = tf_env
+    ops, _ = overlapped._load()
+    from horovod_prio.tensorflow.ops import independent
+    ch = overlapped.Channel("test_finish", ntasks=1, nslots=2, nmeta=1)
+
+    @tf.function
+    def post(x):
+        ticket = independent(ops.hvd_prio_overlap_begin(channel=ch.id))
+        for slot in (0, 1):
+            independent(ops.hvd_prio_overlap_post(ticket, x, channel=ch.id, slot=slot))
+
+    @tf.function
+    def finish_early():
+        ticket = independent(ops.hvd_prio_overlap_take_begin(channel=ch.id))
+        x = independent(ops.hvd_prio_overlap_take(ticket, T=tf.float32, shape=[2],
+                                                  channel=ch.id, slot=1))
+        with tf.control_dependencies([x]):
+            independent(ops.hvd_prio_overlap_finish(ticket, channel=ch.id))
+
+    post(tf.ones([2]))
+    with pytest.raises(tf.errors.FailedPreconditionError, match="before all its values"):
+        run_with_timeout(finish_early)
     ch.close()
 
 
@@ -432,3 +465,30 @@ def test_config_field(clean_env):
     assert PriorityConfig(overlap=True).overlap is True
     with pytest.raises(ValueError, match="HOROVOD_PRIO_OVERLAP"):
         PriorityConfig.from_env({"HOROVOD_PRIO_OVERLAP": "maybe"})
+
+
+# ----------------------------------------------------------------------------- example, benchmark
+@pytest.mark.tf_stack
+def test_tape_loop_example_runs(tmp_path):
+    out = check(horovodrun(["-m", "horovod_prio.examples.overlap_tape"], "gloo", timeout=300))
+    assert out.count("epoch 3: mean loss") == 1 and "done:" in out, out[-3000:]
+    acc = float(out.split("epoch 3: mean loss")[1].split("accuracy")[1].split()[0])
+    assert acc > 0.8, out[-2000:]                   # it really trained
+
+
+def test_benchmark_workload_flag():
+    from benchmarks import workload
+    assert workload.parse_args(["--impl", "prio", "--out", "x", "--overlap"]).overlap
+    assert not workload.parse_args(["--impl", "prio", "--out", "x"]).overlap
+    with pytest.raises(SystemExit):
+        workload.parse_args(["--impl", "horovod", "--out", "x", "--overlap"])
+
+
+@pytest.mark.tf_stack
+def test_benchmark_workload_runs_with_overlap(tmp_path):
+    steps, meta = tmp_path / "steps.jsonl", tmp_path / "meta.json"
+    check(horovodrun(["-m", "benchmarks.workload", "--impl", "prio", "--overlap", "--batch", "8",
+                      "--steps", "3", "--warmup", "1", "--out", str(steps),
+                      "--meta-out", str(meta)], "gloo", timeout=300))
+    assert len(steps.read_text().splitlines()) == 4
+    assert json.load(open(meta))["overlap"] is True
