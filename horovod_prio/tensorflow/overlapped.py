@@ -261,14 +261,17 @@ def _graph_chain():
     return chain
 
 
-_graph_states = weakref.WeakKeyDictionary()   # FuncGraph -> what overlap added to it
+# FuncGraph -> what overlap added to it: names of its wait ops by (channel, task), the
+# channels that began a step in it, ids of the gradients the optimizer reduced in it.
+# (Values hold no reference to the graph, so an entry goes with its graph.)
+_graph_states = weakref.WeakKeyDictionary()
 
 
 def _graph_state(graph):
     with _lock:
         st = _graph_states.get(graph)
         if st is None:
-            st = _graph_states[graph] = {"waits": {}, "begin": {}, "reduced": []}
+            st = _graph_states[graph] = {"waits": {}, "begin": set(), "reduced": set()}
         return st
 
 
@@ -494,7 +497,7 @@ class _Pipeline:
         with home.as_default(), home.control_dependencies(None):
             with home.control_dependencies(waits):
                 ticket = ops.independent(tf_ops.hvd_prio_overlap_begin(channel=ch))
-        gstate["begin"][ch] = ticket
+        gstate["begin"].add(ch)
         priorities = ops.step_begin(self.monitor.slot, self.num_groups)
         values = [opt.iterations.read_value(), priorities]
         values += [v.read_value() for _, v in self.hypers]
@@ -573,8 +576,9 @@ class _OverlapState:
     def recording_allreduce(self, grads, vars):
         """Wraps Horovod's ``_allreduce``: remembers what it returned (apply checks it)."""
         out = self.hvd_allreduce(grads, vars)
-        _graph_state(tf.compat.v1.get_default_graph())["reduced"].extend(
-            t for t in out if t is not None)
+        # (ids are stable: the graph keeps its tensors alive while it can be traced into)
+        _graph_state(tf.compat.v1.get_default_graph())["reduced"].update(
+            id(t) for t in out if t is not None)
         return out
 
     @tf.autograph.experimental.do_not_convert
@@ -584,7 +588,7 @@ class _OverlapState:
         if tf.executing_eagerly():
             raise RuntimeError(EAGER_MSG)
         gv = list(grads_and_vars)
-        reduced = {id(t) for t in _graph_state(tf.compat.v1.get_default_graph())["reduced"]}
+        reduced = _graph_state(tf.compat.v1.get_default_graph())["reduced"]
         posted = {v.ref() for p in self.pipelines.values() for v in p.variables}
         for g, v in gv:
             if g is None:
@@ -642,20 +646,22 @@ class _OverlapState:
                                 % (pipe.variables[i].name, op.type, op.name))
                         used = True
                         wkey = (pipe.channel.id, task_of[i])
-                        wait = gstate["waits"].get(wkey)
+                        name = gstate["waits"].get(wkey)
+                        wait = g.get_operation_by_name(name) if name else None
                         if wait is None:
                             with g.as_default(), g.control_dependencies(None):
                                 wait = ops.independent(tf_ops.hvd_prio_overlap_wait(
                                     channel=pipe.channel.id, task=task_of[i],
                                     name="HvdPrioOverlapWait_%d" % task_of[i]))
-                            gstate["waits"][wkey] = wait
+                            gstate["waits"][wkey] = wait.name
                         if wait not in op.control_inputs:
                             op._add_control_input(wait)
                 if used and home is None:
                     home = g
         if home is None:
             home = chain[0]
-        home_waits = [w for (c, _), w in _graph_state(home)["waits"].items() if c == channel]
+        home_waits = [home.get_operation_by_name(n)
+                      for (c, _), n in _graph_state(home)["waits"].items() if c == channel]
         return home, home_waits
 
     def flush(self, timeout=None):
