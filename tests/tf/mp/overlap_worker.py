@@ -134,7 +134,8 @@ def epoch_schedule(epoch, lr):
     return lr * (0.5 if epoch == 1 else 1.0)
 
 
-def run_fit(impl, name, make_opt, raise_mode=False, nan_mode=False, validate=True, **kw):
+def run_fit(impl, name, make_opt, raise_mode=False, nan_mode=False, validate=True,
+            lr_callbacks=True, **kw):
     mod = prio_keras if impl == "prio" else hvd_keras
     extra = {"priority": PRIO} if impl == "prio" else {}
     model = mlp()
@@ -160,17 +161,21 @@ def run_fit(impl, name, make_opt, raise_mode=False, nan_mode=False, validate=Tru
         out.update({"w%d" % i: w for i, w in enumerate(model.get_weights())})
         return out
     ckpt = os.path.join(OUT, "%s_%s_rank%d_ckpt.h5" % (name, impl, RANK))
-    batch_lr, reader = BatchLR(0.5 * make_opt().get_config()["learning_rate"]), EpochReader()
-    callbacks = [reader, batch_lr, tf.keras.callbacks.LearningRateScheduler(epoch_schedule),
-                 tf.keras.callbacks.ModelCheckpoint(ckpt, save_weights_only=True, save_freq=5),
+    reader = EpochReader()
+    callbacks = [reader, tf.keras.callbacks.ModelCheckpoint(ckpt, save_weights_only=True,
+                                                            save_freq=5),
                  mod.callbacks.BroadcastGlobalVariablesCallback(0)]
+    if lr_callbacks:   # (a LearningRateSchedule cannot be set by callbacks)
+        batch_lr = BatchLR(0.5 * make_opt().get_config()["learning_rate"])
+        callbacks[1:1] = [batch_lr, tf.keras.callbacks.LearningRateScheduler(epoch_schedule)]
     hist = model.fit(X, Y, batch_size=BATCH, epochs=EPOCHS, shuffle=False, verbose=0,
                      validation_data=(XV, YV) if validate else None, callbacks=callbacks)
     for i, v in enumerate(model.weights):          # no model method: fit flushed at its end
         out["end%d" % i] = v.numpy()
     if validate:   # (validation evaluates, which flushes, before the epoch-end callbacks)
         out["val_loss"] = np.array(hist.history["val_loss"])
-    out["lr"] = np.array(batch_lr.seen)
+    if lr_callbacks:
+        out["lr"] = np.array(batch_lr.seen)
     for e, ws in reader.epochs.items():
         out.update({"epoch%d_%d" % (e, i): w for i, w in enumerate(ws)})
     probe = mlp()
@@ -244,6 +249,14 @@ MODES = {
                                     compression=hvd_keras.Compression.fp16),
     "predivide": lambda impl, n: run_fit(impl, n, lambda: tf.keras.optimizers.Adam(0.01),
                                          gradient_predivide_factor=2.0),
+    # learning-rate schedules: evaluated at each step's own `iterations`
+    "schedule": lambda impl, n: run_fit(
+        impl, n, lambda: tf.keras.optimizers.Adam(
+            tf.keras.optimizers.schedules.ExponentialDecay(0.02, decay_steps=3, decay_rate=0.6)),
+        lr_callbacks=False),
+    "legacy_schedule": lambda impl, n: run_fit(
+        impl, n, lambda: LEGACY.SGD(tf.keras.optimizers.schedules.PiecewiseConstantDecay(
+            [5, 15], [0.1, 0.03, 0.01]), momentum=0.9, decay=0.01), lr_callbacks=False),
     "raise": lambda impl, n: run_fit(impl, n, lambda: LEGACY.SGD(0.05, momentum=0.9),
                                      raise_mode=True),
     "nan_step": lambda impl, n: run_fit(impl, n, lambda: tf.keras.optimizers.Adam(0.01),
