@@ -130,12 +130,21 @@ class Raise(tf.keras.callbacks.Callback):
             raise RuntimeError("injected at batch 6")
 
 
+class ShrinkKernel(tf.keras.callbacks.Callback):
+    """A callback that writes a weight after every batch (not declared safe: the
+    pending update must be applied before it runs)."""
+
+    def on_train_batch_end(self, batch, logs=None):
+        k = self.model.layers[0].kernel
+        k.assign(k * 0.99)
+
+
 def epoch_schedule(epoch, lr):
     return lr * (0.5 if epoch == 1 else 1.0)
 
 
 def run_fit(impl, name, make_opt, raise_mode=False, nan_mode=False, validate=True,
-            lr_callbacks=True, **kw):
+            lr_callbacks=True, extra_callbacks=(), **kw):
     mod = prio_keras if impl == "prio" else hvd_keras
     extra = {"priority": PRIO} if impl == "prio" else {}
     model = mlp()
@@ -165,6 +174,7 @@ def run_fit(impl, name, make_opt, raise_mode=False, nan_mode=False, validate=Tru
     callbacks = [reader, tf.keras.callbacks.ModelCheckpoint(ckpt, save_weights_only=True,
                                                             save_freq=5),
                  mod.callbacks.BroadcastGlobalVariablesCallback(0)]
+    callbacks += list(extra_callbacks)
     if lr_callbacks:   # (a LearningRateSchedule cannot be set by callbacks)
         batch_lr = BatchLR(0.5 * make_opt().get_config()["learning_rate"])
         callbacks[1:1] = [batch_lr, tf.keras.callbacks.LearningRateScheduler(epoch_schedule)]
@@ -257,6 +267,9 @@ MODES = {
     "legacy_schedule": lambda impl, n: run_fit(
         impl, n, lambda: LEGACY.SGD(tf.keras.optimizers.schedules.PiecewiseConstantDecay(
             [5, 15], [0.1, 0.03, 0.01]), momentum=0.9, decay=0.01), lr_callbacks=False),
+    "weight_callback": lambda impl, n: run_fit(impl, n, lambda: LEGACY.SGD(0.05, momentum=0.9),
+                                               lr_callbacks=False,
+                                               extra_callbacks=[ShrinkKernel()]),
     "raise": lambda impl, n: run_fit(impl, n, lambda: LEGACY.SGD(0.05, momentum=0.9),
                                      raise_mode=True),
     "nan_step": lambda impl, n: run_fit(impl, n, lambda: tf.keras.optimizers.Adam(0.01),
