@@ -684,9 +684,10 @@ def _attach(opt):
             "horovod_prio.tensorflow.keras.DistributedOptimizer(...) (or "
             "horovod_prio.tensorflow.DistributedOptimizer) and pass that to compile()/overlap()"
             % (type(opt).__name__,))
-    if base.config.overlap is False:
-        log.info("horovod_prio: %s: overlap switched off (PriorityConfig.overlap=False / "
-                 "HOROVOD_PRIO_OVERLAP=0): synchronous training", base.name)
+    if base.config.overlap is False or not base.config.enabled:
+        log.info("horovod_prio: %s: hvd.overlap switched off (%s): synchronous training",
+                 base.name, "HOROVOD_PRIO_ENABLED=0" if not base.config.enabled
+                 else "PriorityConfig.overlap=False / HOROVOD_PRIO_OVERLAP=0")
         return None
     legacy = _check_optimizer(opt, base)
     with _lock:

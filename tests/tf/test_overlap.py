@@ -430,17 +430,19 @@ def test_unsupported_setups_raise_clear_errors(tf_env):
 @pytest.mark.tf_stack
 @pytest.mark.timeout(300)
 def test_overlap_switch(tf_env, clean_env):
-    """HOROVOD_PRIO_OVERLAP=0: hvd.overlap is a no-op (synchronous, same weights as
-    without it); =1 without hvd.overlap: a clear error."""
+    """HOROVOD_PRIO_OVERLAP=0 (or HOROVOD_PRIO_ENABLED=0): hvd.overlap is a no-op
+    (synchronous, same weights as without it); =1 without hvd.overlap: a clear error."""
     tf, hvd, overlapped = tf_env
     loss = tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True)
     x, y = _xy()
     before = set(overlapped.stats())
     runs = []
-    for env, wrap in (("0", True), (None, False), (None, True)):
-        if env is None:
-            clean_env.delenv("HOROVOD_PRIO_OVERLAP", raising=False)
-        else:
+    for env, wrap in (("0", True), ("disabled", True), (None, False), (None, True)):
+        clean_env.delenv("HOROVOD_PRIO_OVERLAP", raising=False)
+        clean_env.delenv("HOROVOD_PRIO_ENABLED", raising=False)
+        if env == "disabled":
+            clean_env.setenv("HOROVOD_PRIO_ENABLED", "0")
+        elif env is not None:
             clean_env.setenv("HOROVOD_PRIO_OVERLAP", env)
         m = _mlp(tf)
         if wrap:
@@ -451,9 +453,11 @@ def test_overlap_switch(tf_env, clean_env):
         runs.append(m.get_weights())
         created = set(overlapped.stats()) - before
         assert bool(created) == (env is None and wrap), (env, wrap, created)
-    for a, b, c in zip(*runs):
-        np.testing.assert_allclose(a, b, rtol=1e-6)
-        np.testing.assert_allclose(c, b, rtol=1e-5, atol=1e-7)
+    for off, disabled, sync, ovl in zip(*runs):
+        np.testing.assert_allclose(off, sync, rtol=1e-6)
+        np.testing.assert_allclose(disabled, sync, rtol=1e-6)
+        np.testing.assert_allclose(ovl, sync, rtol=1e-5, atol=1e-7)
+    clean_env.delenv("HOROVOD_PRIO_ENABLED", raising=False)
     clean_env.setenv("HOROVOD_PRIO_OVERLAP", "1")
     m = _mlp(tf)
     m.compile(optimizer=hvd.DistributedOptimizer(tf.keras.optimizers.SGD(0.1)), loss=loss)
