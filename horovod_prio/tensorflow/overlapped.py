@@ -522,7 +522,6 @@ class _OverlapState:
         self.legacy = legacy
         self.pipelines = {}
         self.lock = threading.Lock()
-        self.hvd_apply = opt.apply_gradients   # Horovod's (bound) apply_gradients
         self.hvd_allreduce = opt._allreduce
 
     # -- hooks installed on the optimizer ---------------------------------------------
