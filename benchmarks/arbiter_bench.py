@@ -1,10 +1,10 @@
 """Issue 5 benchmark: two jobs on one shaped link, with and without the arbiter.
 
     sudo .venv/bin/python -m benchmarks.arbiter_bench --repeats 3 \\
-        --out benchmarks/results/arbiter-2gbit-b512
+        --out results/bench/arbiter-2gbit-b512
 
 Configs (each run: a fresh namespace from ``benchmarks.netns.ShapedLink``, two
-jobs of 2 ranks each started by ``benchmarks.run.run_jobs`` exactly as the
+jobs of 2 ranks each started by ``benchmarks.harness.run_jobs`` exactly as the
 main harness does -- ``horovodrun --gloo --network-interface lo``, job j on
 core j -- all crossing the namespace's tbf-shaped ``lo``):
 
@@ -16,8 +16,8 @@ core j -- all crossing the namespace's tbf-shaped ``lo``):
 The arbiter must not sit behind the shaped qdisc (its ~50-byte messages would
 queue behind gradient bytes), so for every run a veth pair connects the
 namespace to the host: ``--host-addr`` (default 169.254.77.1/30) on the host
-end, ``--ns-addr`` (169.254.77.2/30) inside the namespace. The arbiter runs on
-the host, bound to the host end; the ``arb`` jobs get
+end, ``--ns-addr`` (169.254.77.2/30) inside the namespace. The arbiter
+(``benchmarks.harness.ArbiterProcess``) runs on the host, bound to the host end; the ``arb`` jobs get
 ``HOROVOD_PRIO_ARBITER=<host end>:<port>``, ``HOROVOD_PRIO_LINK=shared``,
 ``HOROVOD_PRIO_ARBITER_SECRET`` and ``HOROVOD_PRIO_JOB_ID=job0|job1``.
 Horovod's own traffic stays on the shaped ``lo``. The veth is used only by
@@ -40,20 +40,18 @@ import os
 import re
 import secrets
 import shutil
-import signal
-import statistics
-import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 from horovod_prio.method import units
 
+from .models import HARNESS_MODELS
 from . import netns, report
+from .harness import (REPO, ArbiterProcess, JobSpec, Progress, RunFailed, cpus_for, git_rev,
+                      positive_int, preflight, prio_env_arg, rate_arg, run_all, run_jobs)
 from .netns import HarnessError, ShapedLink
-from .run import (REPO, JobSpec, Progress, RunFailed, _cpus_for, _git_rev, _prio_env,
-                  _positive_int, _rate, preflight, run_all, run_jobs)
+from .traces import inflight_fraction, spans, step_breakdown, trace_events, trace_summary
 
 # name -> (job 0, job 1, arbiter order or None)
 CONFIGS = {
@@ -103,16 +101,16 @@ def build_parser():
     p.add_argument("--configs", type=_configs, default=["hvd", "prio", "arb", "burst"],
                    help="comma-separated subset of hvd,prio,arb,burst (default all four; "
                         "ratios need hvd)")
-    p.add_argument("--repeats", type=_positive_int, default=3)
-    p.add_argument("--rate", type=_rate, default="2gbit",
+    p.add_argument("--repeats", type=positive_int, default=3)
+    p.add_argument("--rate", type=rate_arg, default="2gbit",
                    help="tc tbf rate (default 2gbit: compute ~ comm for mlp batch 512)")
-    p.add_argument("--model", choices=["mlp", "cnn"], default="mlp")
-    p.add_argument("--batch", type=_positive_int, default=512, help="per-rank batch (default 512)")
-    p.add_argument("--steps", type=_positive_int, default=20)
-    p.add_argument("--warmup", type=_positive_int, default=3)
-    p.add_argument("--threads", type=_positive_int, default=1)
+    p.add_argument("--model", choices=HARNESS_MODELS, default="mlp")
+    p.add_argument("--batch", type=positive_int, default=512, help="per-rank batch (default 512)")
+    p.add_argument("--steps", type=positive_int, default=20)
+    p.add_argument("--warmup", type=positive_int, default=3)
+    p.add_argument("--threads", type=positive_int, default=1)
     p.add_argument("--pin", choices=["job", "none"], default="job")
-    p.add_argument("--prio-env", type=_prio_env, action="append", default=[],
+    p.add_argument("--prio-env", type=prio_env_arg, action="append", default=[],
                    metavar="HOROVOD_PRIO_X=V", help="extra env for prio and arb jobs (repeatable)")
     p.add_argument("--arbiter-credit", type=_size, default="8MiB",
                    help="arbiter --credit-bytes (default 8MiB = one job's default local "
@@ -125,9 +123,9 @@ def build_parser():
                    help="taskset CPU list for the arbiter process (default: unpinned)")
     p.add_argument("--host-addr", type=_iface, default=_iface("169.254.77.1/30"))
     p.add_argument("--ns-addr", type=_iface, default=_iface("169.254.77.2/30"))
-    p.add_argument("--job-timeout", type=_positive_int, default=400)
-    p.add_argument("--stall-timeout", type=_positive_int, default=40)
-    p.add_argument("--out", default=str(REPO / "benchmarks" / "results" / "arbiter"))
+    p.add_argument("--job-timeout", type=positive_int, default=400)
+    p.add_argument("--stall-timeout", type=positive_int, default=40)
+    p.add_argument("--out", default=str(REPO / "results" / "bench" / "arbiter"))
     p.add_argument("--keep-raw", action="store_true",
                    help="keep per-run logs and traces under OUT/raw")
     p.add_argument("--report-only", action="store_true",
@@ -154,7 +152,7 @@ def parse_args(argv=None):
 
 # ---------------------------------------------------------------- veth + arbiter
 def _ip(*argv, check=True):
-    return netns._run(["ip", *argv], check=check)
+    return netns.run_cmd(["ip", *argv], check=check)
 
 
 class VethToHost:
@@ -185,160 +183,6 @@ class VethToHost:
         if self.up:
             _ip("link", "del", self.host_if, check=False)   # deletes the peer too
             self.up = False
-
-
-class Arbiter:
-    """``horovod-prio arbiter`` on the host, bound to the veth's host end."""
-
-    def __init__(self, host: str, secret_file: Path, credit: str, starvation_bound: int,
-                 log_path: Path, cpus: str | None = None, order: str = "burst"):
-        self.host, self.secret_file = host, secret_file
-        self.argv = (["taskset", "-c", str(cpus)] if cpus else []) + [sys.executable, "-m", "horovod_prio.cli", "arbiter",
-                     "--bind", f"{host}:0", "--secret-file", str(secret_file),
-                     "--credit-bytes", credit, "--starvation-bound", str(starvation_bound),
-                     "--order", order]
-        self.log_path = log_path
-        self.proc = None
-        self.address = None
-
-    def start(self, timeout=30.0):
-        env = dict(os.environ, PYTHONPATH=str(REPO))
-        self._log = open(self.log_path, "w")
-        self.proc = subprocess.Popen(self.argv, stdout=subprocess.PIPE, stderr=self._log,
-                                     text=True, env=env, cwd=str(REPO), start_new_session=True)
-        deadline = time.monotonic() + timeout
-        import selectors
-        sel = selectors.DefaultSelector()
-        sel.register(self.proc.stdout, selectors.EVENT_READ)
-        while time.monotonic() < deadline:
-            if sel.select(timeout=0.2):
-                line = self.proc.stdout.readline()
-                m = re.search(r"listening on (\S+):(\d+)", line or "")
-                if m:
-                    self.address = f"{m.group(1)}:{m.group(2)}"
-                    return self.address
-                if not line and self.proc.poll() is not None:
-                    break
-        raise HarnessError(f"arbiter did not start ({' '.join(self.argv)}); see {self.log_path}")
-
-    def stats(self) -> dict | None:
-        env = dict(os.environ, PYTHONPATH=str(REPO))
-        p = subprocess.run([sys.executable, "-m", "horovod_prio.cli", "arbiter", "--stats",
-                            self.address, "--secret-file", str(self.secret_file)],
-                           capture_output=True, text=True, env=env, cwd=str(REPO), timeout=30)
-        try:
-            return json.loads(p.stdout) if p.returncode == 0 else None
-        except ValueError:
-            return None
-
-    def stop(self):
-        if self.proc is None:
-            return
-        if self.proc.poll() is None:
-            try:
-                os.killpg(self.proc.pid, signal.SIGTERM)
-                self.proc.wait(timeout=5)
-            except (ProcessLookupError, subprocess.TimeoutExpired):
-                try:
-                    os.killpg(self.proc.pid, signal.SIGKILL)
-                except ProcessLookupError:
-                    pass
-                self.proc.wait(timeout=5)
-        self._log.close()
-
-
-# ---------------------------------------------------------------- traces
-def _trace_events(path: Path) -> list[dict]:
-    try:
-        data = json.loads(path.read_text())
-    except (OSError, ValueError):
-        return []
-    evs = data.get("traceEvents", []) if isinstance(data, dict) else data
-    return [e for e in evs if isinstance(e, dict)] if isinstance(evs, list) else []
-
-
-def _spans(evs, cat, window, tid=None):
-    """(start, end) wall seconds of complete ("X") events of ``cat`` (and ``tid``) inside ``window``.
-
-    The binding's trace timestamps are wall-clock microseconds (time.time() * 1e6)."""
-    out = []
-    for e in evs:
-        if e.get("cat") != cat or e.get("ph") != "X" or (tid and e.get("tid") != tid):
-            continue
-        t0 = float(e.get("ts", 0)) / 1e6
-        t1 = t0 + float(e.get("dur", 0)) / 1e6
-        if window and (t0 < window[0] or t1 > window[1]):
-            continue
-        out.append((t0, t1))
-    return out
-
-
-def trace_summary(path: Path, window: tuple[float, float] | None) -> dict | None:
-    """Arbiter waits of one job's rank-0 trace: its "arbiter" spans (request -> grant)."""
-    evs = _trace_events(path)
-    if not evs:
-        return None
-    spans = _spans(evs, "arbiter", window)
-    waits = [t1 - t0 for t0, t1 in spans]
-    if not waits:
-        return {"chunks": 0, "wait_total_s": 0.0, "wait_union_s": 0.0, "wait_median_ms": None,
-                "wait_max_ms": None}
-    return {"chunks": len(waits), "wait_total_s": sum(waits),
-            "wait_union_s": union_length(spans),   # time >= 1 chunk waited (not summed)
-            "wait_median_ms": statistics.median(waits) * 1e3, "wait_max_ms": max(waits) * 1e3}
-
-
-def step_breakdown(path: Path, window: tuple[float, float] | None) -> dict | None:
-    """Per measured step of one prio job (rank-0 trace, steps inside ``window``):
-    ``compute`` = step start -> first chunk ready (forward + backward; no gradient
-    is handed to the scheduler before it), ``comm`` = first chunk ready -> last
-    chunk done. Medians over the steps, in seconds."""
-    evs = _trace_events(path)
-    steps = _spans(evs, "step", window)
-    if not steps:
-        return None
-    ready = sorted(float(e["ts"]) / 1e6 for e in evs if e.get("cat") == "chunk"
-                   and e.get("ph") == "i" and (e.get("args") or {}).get("kind") == "ready")
-    done = sorted(float(e["ts"]) / 1e6 for e in evs if e.get("cat") == "chunk"
-                  and e.get("ph") == "i" and (e.get("args") or {}).get("kind") == "done")
-    comp, comm = [], []
-    for t0, t1 in steps:
-        r = [t for t in ready if t0 <= t <= t1]
-        d = [t for t in done if t0 <= t <= t1 + 0.005]
-        if r and d:
-            comp.append(r[0] - t0)
-            comm.append(d[-1] - r[0])
-    if not comp:
-        return None
-    return {"steps": len(comp), "compute_s": statistics.median(comp),
-            "comm_s": statistics.median(comm)}
-
-
-def union_length(spans: list[tuple[float, float]]) -> float:
-    total, end = 0.0, None
-    start = None
-    for a, b in sorted(spans):
-        if end is None or a > end:
-            if end is not None:
-                total += end - start
-            start, end = a, b
-        else:
-            end = max(end, b)
-    if end is not None:
-        total += end - start
-    return total
-
-
-def inflight_fraction(paths: list[Path], window: tuple[float, float] | None) -> float | None:
-    """Fraction of ``window`` in which at least one job had a released chunk in flight
-    (union of the rank-0 traces' "allreduce" chunk spans, release -> done); 1 - this is the time
-    no prio job was even trying to use the link."""
-    if not window or window[1] <= window[0]:
-        return None
-    spans = [s for p in paths for s in _spans(_trace_events(p), "chunk", window, "allreduce")]
-    if not spans:
-        return None
-    return union_length(spans) / (window[1] - window[0])
 
 
 def add_trace_fields(rec: dict, workdir: Path) -> None:
@@ -382,10 +226,10 @@ def execute_run(r: dict, args, workroot: Path, secret_file: Path, secret: str,
             env = dict(args.prio_env) if impl == "prio" else {}
             jobs.append(JobSpec(name=f"job{i}", impl=impl, model=args.model, batch=args.batch,
                                 steps=args.steps, warmup=args.warmup, threads=args.threads,
-                                cpus=_cpus_for(i, args.pin), env=env))
+                                cpus=cpus_for(i, args.pin), env=env))
         if with_arb:
             veth = VethToHost(link, args.host_addr, args.ns_addr).create()
-            arb = Arbiter(str(args.host_addr.ip), secret_file, args.arbiter_credit,
+            arb = ArbiterProcess(str(args.host_addr.ip), secret_file, args.arbiter_credit,
                           args.starvation_bound, workdir / "arbiter.log", args.arbiter_cpus,
                           order=with_arb)
             rec["arbiter_address"] = arb.start()
@@ -435,10 +279,10 @@ def summarize(results: dict) -> list[dict]:
         row = {"config": c, "label": LABELS[c], "runs": len(rs), "runs_ok": len(ok)}
         if ok:
             st = [stats[(c, r["repeat"])] for r in ok]
-            row["job_s"] = [report._median([s["jobs"][i]["median"] for s in st]) for i in range(2)]
-            row["mean_s"] = report._median([s["mean_of_jobs"] for s in st])
-            row["floor_s"] = report._median([s.get("floor") for s in st])
-            row["link_busy"] = report._median([s.get("link_busy") for s in st])
+            row["job_s"] = [report.median([s["jobs"][i]["median"] for s in st]) for i in range(2)]
+            row["mean_s"] = report.median([s["mean_of_jobs"] for s in st])
+            row["floor_s"] = report.median([s.get("floor") for s in st])
+            row["link_busy"] = report.median([s.get("link_busy") for s in st])
             sp, worst = [], []
             for r in ok:
                 b = stats.get(("hvd", r["repeat"]))
@@ -448,8 +292,8 @@ def summarize(results: dict) -> list[dict]:
                 sp.append(b["mean_of_jobs"] / s["mean_of_jobs"])
                 worst.append(max(s["jobs"][i]["median"] / b["jobs"][i]["median"] - 1
                                  for i in range(2)))
-            row["speedup"] = report._median(sp)
-            row["worst_job_change"] = report._median(worst)
+            row["speedup"] = report.median(sp)
+            row["worst_job_change"] = report.median(worst)
             waits = [w for r in ok for w in (r.get("arbiter_waits") or {}).values() if w]
             if waits and any(w["chunks"] for w in waits):
                 # waiting time per job per measured step, median over jobs x repeats
@@ -460,18 +304,18 @@ def summarize(results: dict) -> list[dict]:
                         w = (r.get("arbiter_waits") or {}).get(j["name"])
                         if w and j["n"]:
                             per_step.append(w.get("wait_union_s", w["wait_total_s"]) / j["n"])
-                row["wait_per_step_s"] = report._median(per_step)
-                row["wait_median_ms"] = report._median([w["wait_median_ms"] for w in waits])
-            row["chunks_inflight"] = report._median([r.get("chunks_inflight") for r in ok])
+                row["wait_per_step_s"] = report.median(per_step)
+                row["wait_median_ms"] = report.median([w["wait_median_ms"] for w in waits])
+            row["chunks_inflight"] = report.median([r.get("chunks_inflight") for r in ok])
             bd = [b for r in ok for b in (r.get("breakdown") or {}).values() if b]
             if bd:
-                row["compute_s"] = report._median([b["compute_s"] for b in bd])
-                row["comm_s"] = report._median([b["comm_s"] for b in bd])
+                row["compute_s"] = report.median([b["compute_s"] for b in bd])
+                row["comm_s"] = report.median([b["comm_s"] for b in bd])
             ast = [r.get("arbiter_stats") for r in ok if r.get("arbiter_stats")]
             if ast:
                 ls = [a["links"].get(LINK_NAME, {}) for a in ast]
-                row["arb_grants"] = report._median([x.get("grants") for x in ls])
-                row["arb_waits"] = report._median([x.get("waits") for x in ls])
+                row["arb_grants"] = report.median([x.get("grants") for x in ls])
+                row["arb_waits"] = report.median([x.get("waits") for x in ls])
                 row["arb_expired"] = sum(x.get("expired_leases", 0) for x in ls)
         rows.append(row)
     return rows
@@ -479,7 +323,7 @@ def summarize(results: dict) -> list[dict]:
 
 def markdown(results: dict) -> str:
     meta = results.get("meta", {})
-    f = report._f
+    f = report.fmt
     lines = [
         f"Command: `{meta.get('command')}` — {meta.get('date')}, git {meta.get('git')}, "
         f"{meta.get('ncpu')} cores, pin={meta.get('pin')}, {meta.get('model')} batch "
@@ -567,9 +411,9 @@ def plot_timeline(runs: list[tuple[str, Path, tuple[float, float] | None]], path
                              squeeze=False)
     for ax, (title, jobs, (a, b)) in zip(axes[:, 0], panels):
         for k, tp in enumerate(jobs):
-            evs = _trace_events(tp)
+            evs = trace_events(tp)
             y = 2 * (len(jobs) - 1 - k)
-            steps = [(s0, s1) for s0, s1 in _spans(evs, "step", None) if s1 > a and s0 < b]
+            steps = [(s0, s1) for s0, s1 in spans(evs, "step", None) if s1 > a and s0 < b]
             ready = sorted(float(e["ts"]) / 1e6 for e in evs if e.get("cat") == "chunk"
                            and (e.get("args") or {}).get("kind") == "ready")
             for s0, s1 in steps:
@@ -578,7 +422,7 @@ def plot_timeline(runs: list[tuple[str, Path, tuple[float, float] | None]], path
                 ax.broken_barh([(s0 - a, c1 - s0)], (y + 1.05, 0.8), color="0.75")
                 ax.axvline(s0 - a, ymin=0, ymax=1, color="0.85", lw=0.5)
             for tid, col, yy in (("wait", "tab:red", y + 0.55), ("allreduce", "tab:blue", y)):
-                sp = [(t0, t1) for t0, t1 in _spans(evs, "chunk", None, tid) if t1 > a and t0 < b]
+                sp = [(t0, t1) for t0, t1 in spans(evs, "chunk", None, tid) if t1 > a and t0 < b]
                 ax.broken_barh([(t0 - a, t1 - t0) for t0, t1 in sp], (yy, 0.45), color=col,
                                alpha=0.6)
             ax.text(-0.01 * seconds, y + 1, tp.name.split(".")[0], ha="right", va="center",
@@ -632,7 +476,7 @@ def main(argv=None) -> int:
     results = {"meta": {
         "command": "python -m benchmarks.arbiter_bench " + " ".join(sys.argv[1:] if argv is None else argv),
         "date": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
-        "git": _git_rev(), "ncpu": os.cpu_count(), "pin": args.pin, "threads": args.threads,
+        "git": git_rev(), "ncpu": os.cpu_count(), "pin": args.pin, "threads": args.threads,
         "model": args.model, "batch": args.batch, "rate": args.rate, "steps": args.steps,
         "warmup": args.warmup, "repeats": args.repeats, "configs": args.configs,
         "prio_env": dict(args.prio_env), "arbiter_credit": args.arbiter_credit,

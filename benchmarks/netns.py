@@ -79,7 +79,7 @@ def require_tools() -> None:
                            "(apt-get install iproute2)")
 
 
-def _run(argv, check=True, timeout=30):
+def run_cmd(argv, check=True, timeout=30):
     p = subprocess.run(argv, capture_output=True, text=True, timeout=timeout)
     if check and p.returncode != 0:
         raise HarnessError(f"command failed ({p.returncode}): {' '.join(argv)}\n"
@@ -88,7 +88,7 @@ def _run(argv, check=True, timeout=30):
 
 
 def list_namespaces(prefix: str = PREFIX) -> list[str]:
-    p = _run(["ip", "netns", "list"], check=False)
+    p = run_cmd(["ip", "netns", "list"], check=False)
     names = []
     for line in p.stdout.splitlines():
         name = line.split()[0] if line.split() else ""
@@ -98,7 +98,7 @@ def list_namespaces(prefix: str = PREFIX) -> list[str]:
 
 
 def namespace_pids(name: str) -> list[int]:
-    p = _run(["ip", "netns", "pids", name], check=False)
+    p = run_cmd(["ip", "netns", "pids", name], check=False)
     return [int(x) for x in p.stdout.split() if x.isdigit()]
 
 
@@ -134,7 +134,7 @@ def kill_namespace_processes(name: str, grace: float = 2.0) -> int:
 
 def delete_namespace(name: str) -> None:
     kill_namespace_processes(name)
-    _run(["ip", "netns", "del", name], check=False)
+    run_cmd(["ip", "netns", "del", name], check=False)
 
 
 def cleanup_stale(prefix: str = PREFIX) -> list[str]:
@@ -153,7 +153,7 @@ def cleanup_stale(prefix: str = PREFIX) -> list[str]:
 
 def qdisc_bytes_sent(ns: str) -> int:
     """Bytes the root qdisc of ``lo`` in ``ns`` has sent so far."""
-    p = _run(["ip", "netns", "exec", ns, "tc", "-s", "qdisc", "show", "dev", "lo"], check=False)
+    p = run_cmd(["ip", "netns", "exec", ns, "tc", "-s", "qdisc", "show", "dev", "lo"], check=False)
     m = re.search(r"Sent (\d+) bytes", p.stdout)
     return int(m.group(1)) if m else 0
 
@@ -188,23 +188,23 @@ class ShapedLink:
         require_tools()
         cleanup_stale()
         _live_links.add(self)
-        _run(["ip", "netns", "add", self.name])
+        run_cmd(["ip", "netns", "add", self.name])
         self._created = True
         try:
             ex = ["ip", "netns", "exec", self.name]
-            _run(ex + ["ip", "link", "set", "lo", "up"])
+            run_cmd(ex + ["ip", "link", "set", "lo", "up"])
             tbf = ["tbf", "rate", self.rate, "burst", self.burst, "latency", self.latency]
             if self.delay:
-                p = _run(ex + ["tc", "qdisc", "add", "dev", "lo", "root", "handle", "1:",
+                p = run_cmd(ex + ["tc", "qdisc", "add", "dev", "lo", "root", "handle", "1:",
                                "netem", "delay", self.delay, "limit", "100000"], check=False)
                 if p.returncode != 0:
                     raise HarnessError(
                         f"--delay {self.delay}: tc netem failed ({p.stderr.strip()}); "
                         "this kernel lacks sch_netem (modprobe sch_netem) -- run without --delay")
-                _run(ex + ["tc", "qdisc", "add", "dev", "lo", "parent", "1:1",
+                run_cmd(ex + ["tc", "qdisc", "add", "dev", "lo", "parent", "1:1",
                            "handle", "10:"] + tbf)
             else:
-                _run(ex + ["tc", "qdisc", "add", "dev", "lo", "root", "handle", "1:"] + tbf)
+                run_cmd(ex + ["tc", "qdisc", "add", "dev", "lo", "root", "handle", "1:"] + tbf)
         except BaseException:
             self.cleanup()
             raise
@@ -220,7 +220,7 @@ class ShapedLink:
         return self.name in list_namespaces()
 
     def qdisc(self) -> str:
-        return _run(["ip", "netns", "exec", self.name, "tc", "qdisc", "show", "dev", "lo"]).stdout
+        return run_cmd(["ip", "netns", "exec", self.name, "tc", "qdisc", "show", "dev", "lo"]).stdout
 
     def bytes_sent(self) -> int:
         return qdisc_bytes_sent(self.name)
@@ -272,7 +272,7 @@ class ShapedLink:
             self.kill_processes()
         finally:
             if self._created:
-                _run(["ip", "netns", "del", self.name], check=False)
+                run_cmd(["ip", "netns", "del", self.name], check=False)
                 self._created = False
             _live_links.discard(self)
 

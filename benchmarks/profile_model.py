@@ -5,8 +5,8 @@ this machine (CPU), one batch, and writes the simulator's profile JSON
 (:mod:`horovod_prio.sim.profiles`)::
 
     python -m benchmarks.profile_model --model mlp --batch 32 \\
-        --threads 1 --out benchmarks/sim_results/profile_mlp_b32.json
-    horovod-prio sim --model benchmarks/sim_results/profile_mlp_b32.json ...
+        --threads 1 --out results/sim/profile_mlp_b32.json
+    horovod-prio sim --model results/sim/profile_mlp_b32.json ...
 
 Method: the layers are run in order on a random batch (each layer's input is
 the previous layer's output, so only ``Sequential``-shaped models, i.e. a

@@ -1,6 +1,6 @@
 """Statistics, markdown table and PNG plots from a benchmark results dict.
 
-    python -m benchmarks.report benchmarks/results/quick/results.json [--out DIR]
+    python -m benchmarks.report results/bench/quick/results.json [--out DIR]
 
 Per run: each job's step times are its measured steps (warmup excluded); when
 several jobs ran, only steps that lie entirely inside the overlap window
@@ -23,7 +23,7 @@ from .netns import parse_rate
 SHORT = {"horovod": "hvd", "prio": "prio"}
 
 
-def _median(xs):
+def median(xs):
     xs = [x for x in xs if x is not None]
     return statistics.median(xs) if xs else None
 
@@ -75,7 +75,7 @@ def run_stats(run: dict) -> dict:
         d = sorted(e - s for s, e in used)
         out["jobs"].append({
             "name": j["name"], "impl": j["impl"], "n": len(d), "window_fallback": fallback,
-            "median": _median(d), "mean": statistics.fmean(d) if d else None,
+            "median": median(d), "mean": statistics.fmean(d) if d else None,
             "p90": d[min(len(d) - 1, int(0.9 * len(d)))] if d else None,
         })
     meds = [j["median"] for j in out["jobs"]]
@@ -120,10 +120,10 @@ def summarize(results: dict) -> list[dict]:
             model = (ok[0]["jobs"][0].get("meta") or {}).get("model") or ok[0]["jobs"][0].get("model")
             row["model"] = model
             njobs = len(cfg)
-            row["job_s"] = [_median([r["_stats"]["jobs"][i]["median"] for r in ok]) for i in range(njobs)]
-            row["mean_s"] = _median([r["_stats"]["mean_of_jobs"] for r in ok])
-            row["floor_s"] = _median([r["_stats"].get("floor") for r in ok])
-            row["link_busy"] = _median([r["_stats"].get("link_busy") for r in ok])
+            row["job_s"] = [median([r["_stats"]["jobs"][i]["median"] for r in ok]) for i in range(njobs)]
+            row["mean_s"] = median([r["_stats"]["mean_of_jobs"] for r in ok])
+            row["floor_s"] = median([r["_stats"].get("floor") for r in ok])
+            row["link_busy"] = median([r["_stats"].get("link_busy") for r in ok])
             sp, worst = [], []
             base_cfg = tuple(_baseline_config(ok[0]))
             for r in ok:
@@ -135,14 +135,14 @@ def summarize(results: dict) -> list[dict]:
                     sp.append(bs["mean_of_jobs"] / r["_stats"]["mean_of_jobs"])
                 worst.append(max(r["_stats"]["jobs"][i]["median"] / bs["jobs"][i]["median"] - 1
                                  for i in range(njobs)))
-            row["speedup"] = _median(sp)
-            row["worst_job_change"] = _median(worst)
+            row["speedup"] = median(sp)
+            row["worst_job_change"] = median(worst)
         rows.append(row)
     return rows
 
 
-def _f(x, fmt="{:.3f}"):
-    return "–" if x is None else fmt.format(x)
+def fmt(x, spec="{:.3f}"):
+    return "–" if x is None else spec.format(x)
 
 
 def notes_and_load(results, meta):
@@ -188,9 +188,9 @@ def markdown(results: dict) -> str:
             continue
         js = r["job_s"] + [None] * (2 - len(r["job_s"]))
         lines.append(
-            f"| {r['scenario']} | {r['rate']} | {r['model']}, {r['batch']} | {cfg} | {_f(js[0])} "
-            f"| {_f(js[1])} | {_f(r['mean_s'])} | {_f(r['floor_s'])} | {_f(r['speedup'], '{:.2f}×')} "
-            f"| {_f(r['worst_job_change'], '{:+.1%}')} | {_f(r['link_busy'], '{:.0%}')} "
+            f"| {r['scenario']} | {r['rate']} | {r['model']}, {r['batch']} | {cfg} | {fmt(js[0])} "
+            f"| {fmt(js[1])} | {fmt(r['mean_s'])} | {fmt(r['floor_s'])} | {fmt(r['speedup'], '{:.2f}×')} "
+            f"| {fmt(r['worst_job_change'], '{:+.1%}')} | {fmt(r['link_busy'], '{:.0%}')} "
             f"| {r['runs_ok']}/{r['runs']} |")
     lines += notes_and_load(results, meta)
     if not meta.get("prio_available", True) and "prio" in meta.get("impls", ["prio"]):
@@ -259,7 +259,7 @@ def plot(results: dict, path: Path, max_panels: int = 8) -> Path | None:
     runs = [r for r in results.get("runs", []) if r.get("status") == "ok"
             and (r["scenario"] in ("a", "b") or r["repeat"] == 0)]
     rep0 = [r for r in runs if r["repeat"] == 0] or runs
-    rep0 = sorted(rep0, key=lambda r: ("abc".index(r["scenario"]), r["rate"], r["batch"]))[:max_panels]
+    rep0 = sorted(rep0, key=lambda r: ("abcs".index(r["scenario"]), r["rate"], r["batch"]))[:max_panels]
     if not rep0:
         return None
     n = len(rep0)
@@ -297,22 +297,27 @@ def plot(results: dict, path: Path, max_panels: int = 8) -> Path | None:
 
 
 def plot_sweep(results: dict, path: Path) -> Path | None:
-    rows = [r for r in summarize(results) if r["scenario"] == "c" and r.get("runs_ok")
-            and r["config"] == ["prio", "prio"] and r.get("speedup")]
+    """Speedup vs per-rank batch, one line per (scenario, implementation, rate)."""
+    rows = [r for r in summarize(results) if r["scenario"] in ("c", "s") and r.get("runs_ok")
+            and "horovod" not in r["config"] and r.get("speedup")]
     if not rows:
         return None
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
-    fig, ax = plt.subplots(figsize=(5, 3), dpi=70)
-    for rate in sorted({r["rate"] for r in rows}, key=parse_rate):
-        rr = sorted([r for r in rows if r["rate"] == rate], key=lambda r: r["batch"])
-        ax.plot([r["batch"] for r in rr], [r["speedup"] for r in rr], "o-", label=rate)
+    fig, ax = plt.subplots(figsize=(6, 3.4), dpi=80)
+    keys = sorted({(r["scenario"], "+".join(r["config"]), r["rate"]) for r in rows},
+                  key=lambda k: (k[0], k[1], parse_rate(k[2])))
+    for scen, cfg, rate in keys:
+        rr = sorted([r for r in rows if (r["scenario"], "+".join(r["config"]), r["rate"])
+                     == (scen, cfg, rate)], key=lambda r: r["batch"])
+        ax.plot([r["batch"] for r in rr], [r["speedup"] for r in rr], "o-" if scen == "s" else "s--",
+                label="%s %s @ %s" % ("1 job" if scen == "s" else "2 jobs", cfg, rate))
     ax.axhline(1.0, color="0.5", lw=0.8)
     ax.set_xscale("log", base=2)
     ax.set_xlabel("batch per rank (compute per step)")
-    ax.set_ylabel("speedup prio+prio vs hvd+hvd")
-    ax.legend(fontsize=7)
+    ax.set_ylabel("speedup vs plain Horovod")
+    ax.legend(fontsize=6)
     fig.tight_layout()
     fig.savefig(path)
     plt.close(fig)

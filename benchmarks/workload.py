@@ -33,6 +33,7 @@ import time
 T_PROCESS_START = time.time()
 
 from horovod_prio.method import units  # noqa: E402 (pure Python, no TF)
+from benchmarks.models import HARNESS_MODELS, INPUT_SHAPES  # noqa: E402 (no TF import)
 
 
 _positive_int = units.arg(units.parse_int, 1)
@@ -54,7 +55,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m benchmarks.workload", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--impl", choices=["horovod", "prio"], required=True)
-    p.add_argument("--model", choices=["mlp", "cnn"], default="mlp")
+    p.add_argument("--model", choices=HARNESS_MODELS, default="mlp")
     p.add_argument("--batch", type=_positive_int, default=32, help="per-rank batch size")
     p.add_argument("--steps", type=_positive_int, default=20, help="measured steps")
     p.add_argument("--warmup", type=_positive_int, default=3,
@@ -103,7 +104,7 @@ def build_model(tf, name: str):
 def synthetic_data(np, model: str, batch: int, seed: int):
     rng = np.random.default_rng(seed)
     n = batch * 8
-    shape = (n, 784) if model == "mlp" else (n, 28, 28, 1)
+    shape = (n,) + INPUT_SHAPES[model]
     x = rng.standard_normal(shape, dtype=np.float32)
     y = rng.integers(0, 10, size=(n,), dtype=np.int64)
     return x, y

@@ -49,8 +49,10 @@ def build_parser():
     mode.add_argument("--stats", metavar="HOST:PORT", help="print a running arbiter's counters as JSON")
     p.add_argument("--secret-file", metavar="F",
                    help="file holding the shared secret (default: env %s)" % SECRET_ENV)
-    p.add_argument("--credit-bytes", type=_bytes, default=16 << 20, metavar="N",
-                   help="granted-but-unfinished bytes allowed per link (default 16MiB)")
+    p.add_argument("--credit-bytes", type=_bytes, default=8 << 20, metavar="N",
+                   help="granted-but-unfinished bytes allowed per link (default 8MiB: two "
+                        "chunks of the default partition, so a priority class or a boost "
+                        "preempts within one chunk)")
     p.add_argument("--link-credit", type=_link_credit, action="append", default=[], metavar="LINK=N",
                    help="credit for one link (repeatable)")
     p.add_argument("--lease-seconds", type=_seconds, default=10.0, metavar="S",

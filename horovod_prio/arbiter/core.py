@@ -12,8 +12,14 @@ credit. Urgency compares, in this order:
    * ``"burst"`` (the default): a job's *burst* is the stretch during which it
      has requests pending or granted on the link (in training: one step's
      gradient chunks). A request ranks by its burst's priority -- the highest
-     priority the job has requested in that burst -- then by which burst
-     started first, then by its own priority, then by arrival. A data-parallel
+     priority the job has requested in that burst, and at least the highest it
+     requested in its previous burst -- then by which burst started first, then
+     by its own priority, then by arrival. A step's chunks come output side
+     first (lowest priority) and input side last (highest, the one the boost
+     raises), so without the previous burst's level a boosted job would rank
+     low for most of its backward pass and could not overlap its
+     communication with it; a boost lowered by a decay counts from the burst
+     after. A data-parallel
      step ends only when its last chunk is reduced, so every chunk of a burst
      blocks the job as long as its most urgent one: comparing bursts lets a
      boosted job (the monitor's raise) win the link for its whole step, and
@@ -28,12 +34,19 @@ A request larger than the credit is granted alone once nothing is
 outstanding. Strict order: if the head does not fit, nothing behind it is
 granted either (small low-priority chunks never overtake a big urgent one).
 
-Starvation bound ``K``: a pending request is *passed over* each time a request
-that arrived after it is granted; once passed over ``K`` times it is granted
-next regardless of class and priority (oldest such request first; still
-subject to the credit). ``K = 0`` disables the bound. So a lower class still
-progresses while a higher class keeps the link busy: at least one of its
-requests per ``K + 1`` grants.
+Starvation bound ``K`` (per job, within a class): a job with pending requests
+is *passed over* each time a request of another job of its class is granted;
+once passed over ``K`` times since its own last grant (or since its requests
+started waiting), its next request (in its own order) is granted next,
+regardless of priority and burst (the job passed over longest first; still
+subject to the credit), and its count starts again. So every job of a class
+gets at least one of every ``K + 1`` grants while it waits. ``K = 0``
+disables the bound. Counting per job, not per request, matters: a per-request
+count reaches ``K`` for a job's whole backlog at once and hands it the link
+for a whole step, undoing both the burst order and the boost. Classes are
+strict: no lower-class request is granted while a higher-class request is
+pending, so a lower class runs on the link the higher classes leave (their
+compute phases, the bytes their credit does not fill).
 
 Leases: a grant not completed within ``lease_seconds`` expires; its bytes
 return to the link (counted in ``expired_leases``); :meth:`Arbiter.renew`
@@ -54,13 +67,10 @@ Cost per grant is O(log n) in the pending requests of the link:
   link a heap of jobs keyed (class, burst priority, burst start) -- a job's
   key changes only when it requests, so its entry is re-pushed then and stale
   entries are skipped (and compacted when they outnumber the live ones);
-* starvation: every pending request older than a granted one is passed over,
-  i.e. the pass count only grows towards the oldest, so only the oldest
-  pending request can be the next starved one. The counts are kept as
-  increments on a list of the pending requests in arrival order: a grant adds
-  1 to the request just before it in that list (meaning "+1 for it and
-  everything older"), a removed request hands its increment to the one
-  before it, and the oldest request's count is the sum of all increments.
+* starvation: per class (a *lane*) a count of its grants; a job's pass count
+  is that count minus the count at its last grant (or when it started
+  waiting), so the most passed-over job is the one with the smallest
+  reference: a heap of jobs keyed by it (lazy, like the job heap).
 
 Every mutating call returns the list of :class:`Request` objects granted as
 a consequence (possibly other jobs' requests); the caller sends the GRANTs.
@@ -76,7 +86,8 @@ class Job:
     """One registered connection (rank 0 of one job on one link)."""
 
     __slots__ = ("job_id", "link", "job_class", "reqs", "grants", "peer", "burst_priority",
-                 "burst_seq", "heap", "npending", "hver", "__weakref__")
+                 "burst_requested", "burst_seq", "heap", "npending", "hver", "served_at", "sver",
+                 "__weakref__")
 
     def __init__(self, job_id, link, peer=None, job_class=0):
         self.job_id = job_id
@@ -85,16 +96,19 @@ class Job:
         self.reqs = {}          # token -> Request (pending or granted)
         self.grants = 0
         self.peer = peer        # opaque: the server's connection object
-        self.burst_priority = None  # max priority requested in the current burst (None: idle)
+        self.burst_priority = None  # the current burst's rank (None: never requested)
+        self.burst_requested = None  # max priority requested in the current (or last) burst
         self.burst_seq = 0          # when the current burst started (link-wide counter)
         self.heap = []          # burst order: (-priority, seq, Request) of pending, lazy deletion
         self.npending = 0
         self.hver = 0           # version of the job's live entry in the link's job heap
+        self.served_at = 0      # its lane's grant count at its last grant / when it began waiting
+        self.sver = 0           # its live entry in the lane's starvation heap (tie-break order)
 
 
 class Request:
     __slots__ = ("job", "token", "chunk", "priority", "nbytes", "seq", "t_arrival",
-                 "state", "deadline", "prev", "next", "tag")
+                 "state", "deadline")
 
     def __init__(self, job, token, chunk, priority, nbytes, seq, now):
         self.job = job
@@ -106,11 +120,21 @@ class Request:
         self.t_arrival = now
         self.state = PENDING
         self.deadline = None
-        self.prev = self.next = None    # neighbours in the link's arrival-ordered pending list
-        self.tag = 0                    # pass-over increments for this request and all older
 
     def __repr__(self):
         return "Request(%s/%s prio=%d bytes=%d)" % (self.job.job_id, self.chunk, self.priority, self.nbytes)
+
+
+class Lane:
+    """One class on one link: its pending count, its grant count and the
+    starvation heap of its waiting jobs: (served_at, sver, Job), lazy."""
+
+    __slots__ = ("npending", "grants", "starve")
+
+    def __init__(self):
+        self.npending = 0
+        self.grants = 0
+        self.starve = []
 
 
 class Link:
@@ -119,9 +143,8 @@ class Link:
         self.credit = credit
         self.outstanding_bytes = 0
         self.outstanding = 0
-        self.first = self.last = None   # pending requests, arrival order
+        self.lanes = {}                 # job class -> Lane
         self.npending = 0
-        self.passed = 0                 # pass-over count of the oldest pending request
         self.heap = []          # chunk order: (-class, -priority, seq, Request), lazy deletion
         self.jheap = []         # burst order: ((-class, -burst prio, burst seq), ver, Job), lazy
         self.jobs = set()
@@ -170,7 +193,7 @@ class Arbiter:
 
     ORDERS = ("burst", "chunk")
 
-    def __init__(self, credit_bytes=16 << 20, lease_seconds=10.0, starvation_bound=8,
+    def __init__(self, credit_bytes=8 << 20, lease_seconds=10.0, starvation_bound=8,
                  link_credits=None, clock=time.monotonic, max_pending_per_job=1 << 16,
                  order="burst", max_departed_jobs=256, max_idle_links=64):
         if order not in self.ORDERS:
@@ -195,6 +218,7 @@ class Arbiter:
         self.pruned_links = 0
         self._leases = OrderedDict()    # Request -> None, by deadline (grant or last renewal)
         self._seq = 0
+        self._sseq = 0
 
     # ------------------------------------------------------------ jobs
     def register(self, job_id, link, peer=None, job_class=0):
@@ -242,19 +266,25 @@ class Arbiter:
         if not job.reqs:                        # idle -> a new burst starts
             ln.bursts += 1
             job.burst_seq = ln.bursts
-            job.burst_priority = priority
+            last = job.burst_requested          # what its previous burst asked for
+            job.burst_requested = priority
+            job.burst_priority = priority if last is None else max(priority, last)
             rekey = True
-        elif priority > job.burst_priority:
-            job.burst_priority = priority
-            rekey = True
+        else:
+            if priority > job.burst_requested:
+                job.burst_requested = priority
+            if priority > job.burst_priority:
+                job.burst_priority = priority
+                rekey = True
         job.reqs[token] = r
         job.npending += 1
         ln.npending += 1
-        if ln.last is None:
-            ln.first = ln.last = r
-        else:
-            r.prev, ln.last.next = ln.last, r
-            ln.last = r
+        lane = ln.lanes.get(job.job_class)
+        if lane is None:
+            lane = ln.lanes[job.job_class] = Lane()
+        lane.npending += 1
+        if job.npending == 1:                   # it starts waiting: count passes from now
+            self._mark_served(lane, job)
         if self.order == "chunk":
             heapq.heappush(ln.heap, (-job.job_class, -priority, r.seq, r))
         else:
@@ -328,20 +358,12 @@ class Arbiter:
 
     # ------------------------------------------------------------ internals
     def _unlink(self, ln, r):
-        """Take a pending request off the arrival list (its pass-over increment
-        goes to the request before it, which it covered too)."""
-        p, n = r.prev, r.next
-        if p is None:
-            ln.first = n
-            ln.passed -= r.tag
-        else:
-            p.next = n
-            p.tag += r.tag
-        if n is None:
-            ln.last = p
-        else:
-            n.prev = p
-        r.prev = r.next = None
+        """Take a pending request off its lane's count (a job left with nothing
+        pending drops out of the starvation heap lazily)."""
+        lane = ln.lanes[r.job.job_class]
+        lane.npending -= 1
+        if not lane.npending:
+            del ln.lanes[r.job.job_class]
         ln.npending -= 1
         r.job.npending -= 1
 
@@ -357,10 +379,21 @@ class Arbiter:
     def _pick(self, ln):
         """``(request, starved)``: the next request to grant, or ``(None, False)``."""
         K = self.starvation_bound
-        if ln.first is None:
+        if not ln.npending:
             return None, False
-        if K and ln.passed >= K:
-            return ln.first, True
+        if K:
+            lane = ln.lanes[max(ln.lanes)]      # the highest class with pending requests
+            st = lane.starve
+            while True:
+                served_at, ver, job = st[0]
+                if ver == job.sver and job.npending:
+                    break
+                heapq.heappop(st)
+            if len(st) > 2 * len(ln.jobs) + 64:
+                st[:] = [e for e in st if e[1] == e[2].sver and e[2].npending]
+                heapq.heapify(st)
+            if lane.grants - served_at >= K:
+                return self._best_of(job), True
         if self.order == "chunk":
             h = ln.heap
             while h[0][3].state != PENDING:
@@ -378,13 +411,26 @@ class Arbiter:
         if len(jh) > 2 * len(ln.jobs) + 64:
             jh[:] = [e for e in jh if e[1] == e[2].hver and e[2].npending]
             heapq.heapify(jh)
+        return self._best_of(job), False
+
+    def _mark_served(self, lane, job):
+        """Start the job's pass count now (ties: who was marked first)."""
+        self._sseq += 1
+        job.served_at, job.sver = lane.grants, self._sseq
+        heapq.heappush(lane.starve, (job.served_at, job.sver, job))
+
+    def _best_of(self, job):
+        """The job's own next request: by priority, then arrival."""
+        if self.order == "chunk":
+            return min((r for r in job.reqs.values() if r.state == PENDING),
+                       key=lambda r: (-r.priority, r.seq))
         h = job.heap
         while h[0][2].state != PENDING:
             heapq.heappop(h)
         if len(h) > 2 * job.npending + 64:
             h[:] = [e for e in h if e[2].state == PENDING]
             heapq.heapify(h)
-        return h[0][2], False
+        return h[0][2]
 
     def _schedule(self, ln, now):
         out = []
@@ -395,10 +441,12 @@ class Arbiter:
                 break
             if ln.outstanding_bytes and ln.outstanding_bytes + r.nbytes > ln.credit:
                 break
-            if K and r.prev is not None:
-                r.prev.tag += 1         # every older pending request is passed over once more
-                ln.passed += 1
+            job = r.job
+            lane = ln.lanes[job.job_class]
+            lane.grants += 1                    # every other waiting job of the class is passed over
             self._unlink(ln, r)
+            if K and job.npending:              # its count starts again
+                self._mark_served(lane, job)
             r.state = GRANTED
             r.deadline = now + self.lease_seconds
             self._leases[r] = None

@@ -205,7 +205,7 @@ class ArbiterServer:
     ``handshake_timeout`` seconds); a connection beyond either is closed at
     once (``rejected_connections``)."""
 
-    def __init__(self, host="127.0.0.1", port=0, secret=None, credit_bytes=16 << 20,
+    def __init__(self, host="127.0.0.1", port=0, secret=None, credit_bytes=8 << 20,
                  lease_seconds=10.0, starvation_bound=8, link_credits=None,
                  handshake_timeout=2.0, max_connections=1024, order="burst", max_handshakes=64):
         self.secret = P.load_secret(secret, "arbiter")

@@ -37,7 +37,9 @@ step                 HOROVOD_PRIO_STEP             1         int >= 1
 max_boost            HOROVOD_PRIO_MAX_BOOST        4         int >= 0
 warmup_batches       HOROVOD_PRIO_WARMUP_BATCHES   2         int >= 0
 partition_bytes      HOROVOD_PRIO_PARTITION_BYTES  4 MiB     bytes >= 1024
-credit_bytes         HOROVOD_PRIO_CREDIT_BYTES     8 MiB     bytes >= 1024
+credit_bytes         HOROVOD_PRIO_CREDIT_BYTES     auto      bytes >= 1024, or "auto" (None)
+autotune             HOROVOD_PRIO_AUTOTUNE         False     bool: tune an auto credit online
+monitor              HOROVOD_PRIO_MONITOR          True      bool: time steps, adapt priorities
 trace_path           HOROVOD_PRIO_TRACE            None      path
 arbiter              HOROVOD_PRIO_ARBITER          None      "host:port", port 1..65535
 link                 HOROVOD_PRIO_LINK             None      non-empty string
@@ -69,7 +71,12 @@ Notes:
   turns ``hvd.overlap(...)`` into a logged no-op (synchronous training, same
   math: an A/B switch); ``True`` requires it: an optimizer or tape with
   ``overlap=True`` that reaches a training step without ``hvd.overlap`` raises.
-* ``credit_bytes`` is the most gradient bytes the scheduler lets be in flight.
+* ``credit_bytes`` is the most gradient bytes the scheduler lets be in flight
+  on rank 0. ``None`` / ``"auto"`` (the default) means no byte limit - chunks
+  leave as soon as they are ready, highest priority first among the chunks
+  ready at the same time - unless ``autotune`` is on, which then tries a few
+  credits online and keeps the fastest (:mod:`horovod_prio.runtime.autotune`).
+  An explicit value always wins over the tuner.
   It need not be >= ``partition_bytes``: a chunk bigger than the credit still
   goes out, alone, when nothing else is in flight.
 """
@@ -117,6 +124,15 @@ def _unit(parser, *args, **kwargs):
         except units.BadValue as e:
             raise _Bad(e.rule) from None
     return parse
+
+
+def _p_auto_bytes(v):
+    if isinstance(v, str) and v.strip().lower() == "auto":
+        return None
+    try:
+        return units.parse_bytes(v, 1024)
+    except units.BadValue as e:
+        raise _Bad(e.rule + ", or 'auto'") from None
 
 
 def _p_scene(v):
@@ -172,7 +188,9 @@ _PARSERS: Dict[str, Callable[[Any], Any]] = {
     "warmup_batches": _unit(units.parse_int, 0),
     "calibration_batches": _unit(units.parse_int, 1),
     "partition_bytes": _unit(units.parse_bytes, 1024),
-    "credit_bytes": _unit(units.parse_bytes, 1024),
+    "credit_bytes": _p_auto_bytes,
+    "autotune": _unit(units.parse_bool),
+    "monitor": _unit(units.parse_bool),
     "trace_path": _p_path,
     "arbiter": _p_arbiter,
     "link": _opt_str,
@@ -184,7 +202,8 @@ _PARSERS: Dict[str, Callable[[Any], Any]] = {
     "overlap": _unit(units.parse_bool),
 }
 # fields whose value may be None
-_OPTIONAL = {"coefficient", "relative_coefficient", "trace_path", "arbiter", "link", "job_id",
+_OPTIONAL = {"credit_bytes", "coefficient", "relative_coefficient", "trace_path", "arbiter", "link",
+             "job_id",
              "arbiter_secret", "arbiter_secret_file", "overlap"}
 
 
@@ -210,7 +229,9 @@ class PriorityConfig:
     warmup_batches: int = 2
     calibration_batches: int = 20
     partition_bytes: int = 4 * 1024 * 1024
-    credit_bytes: int = 8 * 1024 * 1024
+    credit_bytes: Optional[int] = None
+    autotune: bool = False
+    monitor: bool = True
     trace_path: Optional[str] = None
     arbiter: Optional[str] = None
     link: Optional[str] = None

@@ -10,6 +10,9 @@ use). It
 * keeps one :class:`~horovod_prio.runtime.monitor.Monitor` per
   optimizer/tape identity and runs the thread that feeds them finished steps
   and flushes the trace;
+* on rank 0 with ``autotune`` and an automatic credit, runs the
+  :class:`~horovod_prio.runtime.autotune.CreditTuner` on the first monitor's
+  step times and applies its choices to the scheduler;
 * shuts all of it down once, at exit.
 
 Settings that exist once per process (the scheduler's credit, the arbiter,
@@ -23,6 +26,7 @@ import atexit
 import logging
 import threading
 
+from horovod_prio.runtime.autotune import CreditTuner, credit_candidates
 from horovod_prio.runtime.monitor import Monitor
 from horovod_prio.runtime.trace import ChunkTracer, TraceWriter, trace_path_for_rank
 
@@ -31,8 +35,8 @@ __all__ = ["Runtime", "get_runtime", "PROCESS_FIELDS"]
 log = logging.getLogger("horovod_prio")
 
 #: PriorityConfig fields that exist once per process.
-PROCESS_FIELDS = ("credit_bytes", "trace_path", "arbiter", "link", "job_id", "arbiter_secret",
-                  "arbiter_secret_file", "arbiter_timeout", "job_priority")
+PROCESS_FIELDS = ("credit_bytes", "autotune", "trace_path", "arbiter", "link", "job_id",
+                  "arbiter_secret", "arbiter_secret_file", "arbiter_timeout", "job_priority")
 
 
 class Runtime:
@@ -50,6 +54,9 @@ class Runtime:
         self.tracer = None
         self.arbiter = None
         self.clock = None
+        self.tuner = None
+        self._tuned_monitor = None
+        self.hold = False
         self.monitors = []
         self._identities = {}         # (base name, key) -> (name, monitor)
         self._names = {}              # base name -> how many identities use it
@@ -86,12 +93,13 @@ class Runtime:
                            config.env_var(f)))
 
     def _first_setup(self, config, rank, size, owner):
-        from horovod_prio.scheduler import Scheduler
+        from horovod_prio.scheduler import UNLIMITED, Scheduler
         self.scheduler = self._scheduler_factory() if self._scheduler_factory else \
             Scheduler.process()
         self.rank, self.size = rank, size
-        hold = rank == 0 and size > 1
-        self.scheduler.configure(config.credit_bytes, hold)
+        hold = self.hold = rank == 0 and size > 1
+        self.scheduler.configure(UNLIMITED if config.credit_bytes is None else config.credit_bytes,
+                                 hold)
         if config.trace_path:
             path = trace_path_for_rank(config.trace_path, rank)
             self.writer = TraceWriter(path, process_name="horovod_prio rank %d" % rank)
@@ -121,27 +129,39 @@ class Runtime:
             except TypeError:  # unhashable key: no caching
                 return factory()
 
-    def identity(self, base_name, key, config, num_groups, clock):
+    def identity(self, base_name, key, config, num_groups, clock, step_bytes=0):
         """``(name, monitor)`` of one optimizer/tape identity.
 
         ``key`` tells identities apart (e.g. the variables reduced): the same
         key always gets the same name and monitor (a fresh tape every step is
         one identity); two keys under one base name get ``base``, ``base_1``,
-        ... in first-use order, which is the same on every rank."""
+        ... in first-use order, which is the same on every rank. ``monitor``
+        is None when ``config.monitor`` is off (fixed priorities, no step
+        timing). ``step_bytes``: the gradient bytes one step sends (the
+        tuner's candidates are fractions of it)."""
         with self._lock:
             ident = self._identities.get((base_name, key))
             if ident is not None:
+                return ident
+            n = self._names.get(base_name, 0)
+            self._names[base_name] = n + 1
+            name = base_name if n == 0 else "%s_%d" % (base_name, n)
+            if not config.monitor:
+                ident = self._identities[(base_name, key)] = (name, None)
                 return ident
             if self.clock is None:
                 self.clock = clock
             elif clock is not self.clock:
                 raise RuntimeError("horovod_prio: one step clock per process")
-            n = self._names.get(base_name, 0)
-            self._names[base_name] = n + 1
-            name = base_name if n == 0 else "%s_%d" % (base_name, n)
             monitor = Monitor(name, config, num_groups, self.rank, clock, self.writer)
             self.monitors.append(monitor)
             ident = self._identities[(base_name, key)] = (name, monitor)
+            if self.tuner is None and self.hold and self.settings.autotune \
+                    and self.settings.credit_bytes is None:
+                from horovod_prio.scheduler import UNLIMITED
+                self.tuner = CreditTuner(credit_candidates(step_bytes, UNLIMITED))
+                self._tuned_monitor = monitor
+                self._apply_tuning(self.tuner.start_value(), "start")
             if self._thread is None and (self.rank == 0 or self.writer is not None):
                 self._thread = threading.Thread(target=self._run, name="horovod_prio-runtime",
                                                 daemon=True)
@@ -174,18 +194,35 @@ class Runtime:
                 self._stop.wait(0.25)
 
     def pump(self):
-        """Hand finished steps to the monitors and flush the trace (the thread's
-        body; also called once more at shutdown)."""
+        """Hand finished steps to the monitors (and the tuner) and flush the
+        trace (the thread's body; also called once more at shutdown)."""
         with self._lock:
             monitors = list(self.monitors)
         for m in monitors:
-            m.on_steps(self.clock.take_steps(m.slot))
+            steps = self.clock.take_steps(m.slot)
+            m.on_steps(steps)
+            if self.tuner is not None and m is self._tuned_monitor:
+                for begin, end in steps:
+                    credit = self.tuner.on_step(max(0.0, end - begin))
+                    if credit is not None:
+                        self._apply_tuning(credit, self.tuner.choices[-1][2])
         if self.tracer is not None:
             self.tracer.add(self.scheduler.drain_events())
             for drain in list(self._event_sources):
                 for event in drain():
                     self.writer.emit(event)
             self.writer.flush()
+
+    def _apply_tuning(self, credit, why):
+        """Rank 0's credit (the only rank that holds): no other rank needs it."""
+        from horovod_prio.scheduler import UNLIMITED
+        self.scheduler.configure(credit, True)
+        shown = "unlimited" if credit == UNLIMITED else "%d B" % credit
+        log.info("horovod_prio: autotune: credit %s (%s)", shown, why)
+        if self.writer is not None:
+            import time
+            self.writer.instant("autotune credit " + shown, time.time() * 1e6, "policy",
+                                "autotune", {"credit_bytes": credit, "why": why})
 
     # ------------------------------------------------------------------ exit
     def shutdown(self):

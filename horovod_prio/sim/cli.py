@@ -3,9 +3,9 @@
 Examples::
 
     horovod-prio sim --model resnet50 --jobs 2 --workers 8 --bandwidth 10gbit \\
-        --steps 200 --mode all --out benchmarks/sim_results/resnet50
+        --steps 200 --mode all --out results/sim/resnet50
     horovod-prio sim --model vgg16,resnet50 --jobs 8 --workers 1000 --bandwidth 100gbit
-    horovod-prio sim --validate --out benchmarks/sim_results/validation
+    horovod-prio sim --validate --out results/sim/validation
 """
 from __future__ import annotations
 
@@ -128,8 +128,8 @@ def build_parser() -> argparse.ArgumentParser:
       help="Horovod fusion buffer (default 128MiB)")
     a("--arbiter-order", choices=Arbiter.ORDERS, default="burst",
       help="the product arbiter's cross-job order (its --order; default burst)")
-    a("--arbiter-credit", type=_bytes, default=16 * 1024 * 1024,
-      help="granted-but-unfinished bytes per link (default 16MiB, the arbiter's default)")
+    a("--arbiter-credit", type=_bytes, default=8 * 1024 * 1024,
+      help="granted-but-unfinished bytes per link (default 8MiB, the arbiter's default)")
     a("--starvation-bound", type=units.arg(units.parse_int, 0), default=8,
       help="arbiter starvation bound K, 0 = none (default 8, the arbiter's default)")
     a("--step-overhead", type=parse_duration, default=0.0,

@@ -63,7 +63,7 @@ from ..arbiter.core import Arbiter
 from ..method.config import PriorityConfig
 from ..method.plan import TensorSpec, make_plan
 from ..method.sequence import base_priorities
-from ..scheduler import Scheduler
+from ..scheduler import UNLIMITED, Scheduler
 from .profiles import Profile
 
 MODES = ("fifo", "priority", "arbiter", "adaptive")
@@ -81,7 +81,7 @@ class LinkConfig:
     cycle_time: float = 1e-3             # Horovod >= 0.21 default
     fusion_threshold: int = 128 * 1024 * 1024  # Horovod >= 0.21 default
     starvation_bound: int = 8                  # arbiter CLI default
-    arbiter_credit: int = 16 * 1024 * 1024     # arbiter CLI default (per link)
+    arbiter_credit: int = 8 * 1024 * 1024      # arbiter CLI default (per link)
     arbiter_order: str = "burst"               # the arbiter's --order: "chunk" | "burst"
     step_overhead: float = 0.0
 
@@ -117,6 +117,7 @@ class JobSpec:
     name: str = ""
     jitter: float = 0.0   # compute time x U(1-jitter, 1+jitter) per step
     seed: int = 0
+    job_class: int = 0    # the job's priority class at the arbiter (HOROVOD_PRIO_JOB_PRIORITY)
 
 
 @dataclass
@@ -143,6 +144,8 @@ class SimResult:
     makespan: float
     events: int
     policy_events: List[List[dict]] = field(default_factory=list)
+    #: per job: [(time, link bytes served so far)], one sample per step end
+    link_served: List[List[tuple]] = field(default_factory=list)
     arbiter_grants: int = 0
     starvation_grants: int = 0
 
@@ -189,6 +192,7 @@ class _SharedLink:
         self.last = 0.0
         self.version = 0
         self.busy_s = 0.0
+        self.served: Dict[int, float] = {}   # job index -> link bytes carried
 
     def _update(self):
         now = self.sim.now
@@ -196,7 +200,9 @@ class _SharedLink:
             dt = now - self.last
             share = dt * self.bw / len(self.active)
             for m in self.active:
+                done = min(share, max(m.remaining, 0.0))
                 m.remaining -= share
+                self.served[m.job] = self.served.get(m.job, 0.0) + done
             self.busy_s += dt
         self.last = now
 
@@ -239,7 +245,8 @@ class _LinkArbiter:
     def _handle(self, job):
         h = self.handles.get(job.idx)
         if h is None:
-            h = self.handles[job.idx] = self.core.register(str(job.idx), "link")
+            h = self.handles[job.idx] = self.core.register(str(job.idx), "link",
+                                                           job_class=job.spec.job_class)
             self.jobs[job.idx] = job
         return h
 
@@ -305,10 +312,12 @@ class _Job:
                              pcfg.partition_bytes, prefix="job%d" % idx)
             self.chunks = [(ready[c.last_tensor], c.group, c.name, c.nbytes) for c in plan.chunks]
             self.sched = Scheduler()
-            self.sched.configure(pcfg.credit_bytes, True)
+            self.sched.configure(UNLIMITED if pcfg.credit_bytes is None else pcfg.credit_bytes,
+                                 True)
             if arbiter is not None:
                 self.sched.set_external_grant(True)
             self.ticket_bytes: Dict[int, int] = {}
+        self.served_log: List[tuple] = []
         # horovod engine state
         self.hq: List = []
         self.cycle_list: List[_Msg] = []
@@ -365,6 +374,8 @@ class _Job:
                 outcome = "slow-capped"   # already at max_boost: nothing raised
         self.records.append(StepRecord(self.idx, self.step, self.step_start, now, boost,
                                        outcome, self.decayed))
+        self.link._update()   # bring the per-job byte counters to now
+        self.served_log.append((now, self.link.served.get(self.idx, 0.0)))
         self.step += 1
         if self.step < self.spec.steps:
             self.start_step()
@@ -493,7 +504,8 @@ def simulate(jobs: Sequence[JobSpec], mode: str, link: Optional[LinkConfig] = No
     sim.run()
     makespan = max((r[-1].end for r in records if r), default=0.0)
     pev = [[e.as_dict() for e in j.policy.events] if j.policy is not None else [] for j in js]
-    res = SimResult(mode, list(jobs), records, ln.busy_s, makespan, sim.events, pev)
+    res = SimResult(mode, list(jobs), records, ln.busy_s, makespan, sim.events, pev,
+                    [j.served_log for j in js])
     if arb is not None:
         res.arbiter_grants, res.starvation_grants = arb.grants, arb.starvation_grants
     return res

@@ -1,6 +1,6 @@
 """The sweep behind docs/sim.md: where does priority help, where not?
 
-    python -m horovod_prio.sim.sweep --out benchmarks/sim_results/sweep
+    python -m horovod_prio.sim.sweep --out results/sim/sweep
 
 Two identical jobs x 8 workers on one link, each model at three link rates
 (compute/comm ratio around 1), started together ("sync") or 40 % of a step

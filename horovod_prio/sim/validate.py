@@ -10,7 +10,7 @@ every job sends crosses that one qdisc: the simulator's ``topology="bus"``
 Reference, measured with plain Horovod (issue 4): 0.45 s/step alone,
 0.80-0.84 s/step with a second identical job on the link; comm-only floor
 0.40 s / 0.80 s. Measurements the harness writes later to
-``benchmarks/results/*/results.json`` are added to the table when present.
+``results/bench/*/results.json`` are added to the table when present.
 """
 from __future__ import annotations
 
@@ -29,7 +29,7 @@ REFERENCE = (("1 job, Horovod", 1, 0.45, 0.45), ("2 jobs, Horovod", 2, 0.80, 0.8
 MEASURED_FLOOR = {1: 0.40, 2: 0.80}
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(os.path.dirname(HERE))
-DEFAULT_PROFILE = os.path.join(REPO, "benchmarks", "sim_results", "profile_mlp_b32.json")
+DEFAULT_PROFILE = os.path.join(REPO, "results", "sim", "profile_mlp_b32.json")
 MEASURED_BATCHES = (8, 32, 128)
 #: compute seconds per step (fwd+bwd, batch 32, 1 thread) if no measured profile is found
 FALLBACK_COMPUTE_S = 0.0305
@@ -43,7 +43,7 @@ def harness_link(bandwidth_bits: float = 1e9) -> LinkConfig:
 def harness_profile(path: Optional[str] = None, ranks_per_core: float = 2.0,
                     batch: int = 32) -> Profile:
     """The MLP profile: measured by :mod:`benchmarks.profile_model` if
-    ``path`` (default ``benchmarks/sim_results/profile_mlp_b32.json``) exists,
+    ``path`` (default ``results/sim/profile_mlp_b32.json``) exists,
     else the FLOP-split MLP with :data:`FALLBACK_COMPUTE_S`. Compute times are
     multiplied by ``ranks_per_core`` (the harness pins both ranks of a job to
     one core, so they time-share it)."""
@@ -61,7 +61,7 @@ def measured_from_harness(pattern: Optional[str] = None) -> Dict[Tuple[str, int]
     """``{(impl, jobs): [median step time per job and repeat]}`` for MLP
     batch-32 1gbit runs found in the harness's results files (all jobs of a
     run with the same impl). Unreadable files are skipped."""
-    pattern = pattern or os.path.join(REPO, "benchmarks", "results", "*", "results.json")
+    pattern = pattern or os.path.join(REPO, "results", "bench", "*", "results.json")
     out: Dict[Tuple[str, int], List[float]] = {}
     for path in sorted(glob.glob(pattern)):
         try:
@@ -129,7 +129,7 @@ def validate(profile_path: Optional[str] = None, steps: int = 60,
             "harness_balanced": balanced,
             "ranks_per_core": ranks_per_core, "link": vars(link), "rows": rows,
             "predictions": predictions,
-            "harness_files": sorted(glob.glob(os.path.join(REPO, "benchmarks", "results", "*",
+            "harness_files": sorted(glob.glob(os.path.join(REPO, "results", "bench", "*",
                                                            "results.json")))}
 
 

@@ -27,6 +27,7 @@ import tensorflow as tf
 import horovod.tensorflow as _hvd
 
 from horovod_prio.method.plan import TensorSpec, make_plan
+from horovod_prio.method.sequence import base_priorities
 from horovod_prio.runtime import get_runtime
 from horovod_prio.tensorflow import ops
 
@@ -169,11 +170,16 @@ class PriorityAllreduce:
         tasks = layer_tasks(variables if variables is not None else [None] * len(grads))
         groups = self.config.make_groups(len(tasks))
         key = _identity_key(variables, grads)
-        name, monitor = runtime.identity(self.name, key, self.config, len(groups),
-                                         ops.StepClock.get())
-        plan = make_plan([TensorSpec(int(f.shape[0]), f.dtype.name, f.dtype.size) for f in flats],
-                         tasks, groups, self.config.partition_bytes, prefix=name)
-        priorities = ops.step_begin(monitor.slot, len(groups))
+        specs = [TensorSpec(int(f.shape[0]), f.dtype.name, f.dtype.size) for f in flats]
+        name, monitor = runtime.identity(
+            self.name, key, self.config, len(groups),
+            ops.StepClock.get() if self.config.monitor else None,
+            step_bytes=sum(t.nelems * t.itemsize for t in specs))
+        plan = make_plan(specs, tasks, groups, self.config.partition_bytes, prefix=name)
+        if monitor is not None:
+            priorities = ops.step_begin(monitor.slot, len(groups))
+        else:  # fixed priorities, no step timing
+            priorities = tf.constant(base_priorities(len(groups)), tf.int32)
         reduced = []
         for chunk in plan.chunks:
             parts = [flats[s.tensor] if (s.offset, s.length) == (0, flats[s.tensor].shape[0])
@@ -184,7 +190,8 @@ class PriorityAllreduce:
                                postscale_factor=self.postscale, name=chunk.name,
                                process_set=self.process_set, ignore_name_scope=True)
             reduced.append(ops.done(x, chunk.name))
-        ops.step_end(monitor.slot, reduced)
+        if monitor is not None:
+            ops.step_end(monitor.slot, reduced)
         out = []
         pieces = plan.pieces()
         for t, ((g, ctx), f) in enumerate(zip(comp, flats)):

@@ -306,8 +306,9 @@ def test_burst_order_keeps_the_starvation_bound():
 def test_random_operations_keep_invariants(seed, order):
     """Randomised: credit respected, nothing grantable left waiting, and with
     K = 0 every grant is the most urgent pending request -- order "chunk":
-    (priority, then arrival); order "burst": (the job's burst priority, burst
-    start, priority, arrival), computed here by an independent model."""
+    (priority, then arrival); order "burst": (the job's burst priority =
+    max(requested in the burst, requested in its previous burst), burst start,
+    priority, arrival), computed here by an independent model."""
     import random
     rng = random.Random(seed)
     K = rng.choice([0, 0, 2, 5])
@@ -317,6 +318,7 @@ def test_random_operations_keep_invariants(seed, order):
     granted = {}                     # (job, token) -> nbytes
     pending = {}                     # (job, token) -> (priority, seq)
     burst = {}                       # job -> [start, max priority] while it has live requests
+    asked = {}                       # job -> max priority requested in its current/last burst
     seq = [0]
     tok = [0]
 
@@ -353,8 +355,11 @@ def test_random_operations_keep_invariants(seed, order):
             prio, nbytes = rng.randint(-3, 3), rng.choice([0, 10, 60, 100, 300])
             if j.job_id in burst:
                 burst[j.job_id][1] = max(burst[j.job_id][1], prio)
+                asked[j.job_id] = max(asked[j.job_id], prio)
             else:
-                burst[j.job_id] = [seq[0], prio]
+                last = asked.get(j.job_id)
+                burst[j.job_id] = [seq[0], prio if last is None else max(prio, last)]
+                asked[j.job_id] = prio
             pending[(j.job_id, tok[0])] = (prio, seq[0])
             apply(a.request(j, tok[0], prio, nbytes, "c"), dict(pending))
         elif op < 0.9:
@@ -379,6 +384,7 @@ def test_random_operations_keep_invariants(seed, order):
             for key in [k for k in granted if k[0] == j.job_id]:
                 del granted[key]
             burst.pop(j.job_id, None)
+            asked.pop(j.job_id, None)        # re-registered below: a new job
             apply(a.drop(j), dict(pending))
             assert len(pending) <= before
             jobs[jobs.index(j)] = a.register(j.job_id, "L")
@@ -395,18 +401,26 @@ def test_random_operations_keep_invariants(seed, order):
 
 class Model:
     """Independent, deliberately naive model of the documented grant rules (O(n)
-    per step): class first; then "chunk": (priority, arrival) or "burst":
-    (burst priority, burst start, priority, arrival); a request passed over by
-    K later arrivals' grants goes next (oldest first); strict credit; leases."""
+    per step): class first, strictly; then "chunk": (priority, arrival) or
+    "burst": (burst priority = max(requested in the burst, requested in the
+    job's previous burst), burst start, priority, arrival); within the
+    highest pending class, a job passed over by K grants to other jobs of its
+    class since its last grant (or since it began waiting) has its own next
+    request granted next (the longest passed over first; ties: marked first);
+    strict credit; leases."""
 
     def __init__(self, credit, K, order, lease):
         self.credit, self.K, self.order, self.lease = credit, K, order, lease
         self.pending = []           # dicts, arrival order
         self.granted = {}           # (job, token) -> [nbytes, deadline]
         self.bursts = {}            # job -> [start, top priority]
+        self.requested = {}         # job -> max priority requested in its current/last burst
         self.nbursts = 0
         self.seq = 0
         self.classes = {}
+        self.class_grants = {}      # class -> grants
+        self.marks = {}             # job -> (class grants when marked, mark order)
+        self.nmarks = 0
 
     def rank(self, p):
         cls = self.classes[p["job"]]
@@ -421,12 +435,24 @@ class Model:
     def request(self, job, tok, prio, nbytes, now):
         if not self.live(job):
             self.nbursts += 1
-            self.bursts[job] = [self.nbursts, prio]
+            last = self.requested.get(job)
+            self.bursts[job] = [self.nbursts, prio if last is None else max(prio, last)]
+            self.requested[job] = prio
         else:
             self.bursts[job][1] = max(self.bursts[job][1], prio)
+            self.requested[job] = max(self.requested[job], prio)
         self.seq += 1
-        self.pending.append(dict(job=job, tok=tok, prio=prio, nbytes=nbytes, seq=self.seq, passed=0))
+        if not any(p["job"] == job for p in self.pending):
+            self._mark(job)
+        self.pending.append(dict(job=job, tok=tok, prio=prio, nbytes=nbytes, seq=self.seq))
         return self.schedule(now)
+
+    def _mark(self, job):
+        self.nmarks += 1
+        self.marks[job] = (self.class_grants.get(self.classes[job], 0), self.nmarks)
+
+    def own_rank(self, p):
+        return (p["prio"], -p["seq"])
 
     def _end_idle(self):
         for job in list(self.bursts):
@@ -458,6 +484,7 @@ class Model:
         return self.schedule(now) if gone else []
 
     def drop(self, job, now):
+        self.requested.pop(job, None)           # a re-registered job starts afresh
         self.pending = [p for p in self.pending if p["job"] != job]
         self.granted = {k: v for k, v in self.granted.items() if k[0] != job}
         self._end_idle()
@@ -466,15 +493,23 @@ class Model:
     def schedule(self, now):
         out = []
         while self.pending:
-            starving = [p for p in self.pending if self.K and p["passed"] >= self.K]
-            r = starving[0] if starving else max(self.pending, key=self.rank)
+            top = max(self.classes[p["job"]] for p in self.pending)
+            waiting = sorted({p["job"] for p in self.pending if self.classes[p["job"]] == top},
+                             key=lambda j: self.marks[j])
+            starved = waiting[0] if self.K and waiting and \
+                self.class_grants.get(top, 0) - self.marks[waiting[0]][0] >= self.K else None
+            if starved is not None:
+                r = max((p for p in self.pending if p["job"] == starved), key=self.own_rank)
+            else:
+                r = max(self.pending, key=self.rank)
             outstanding = sum(n for n, _ in self.granted.values())
             if outstanding and outstanding + r["nbytes"] > self.credit:
                 break
             self.pending.remove(r)
-            for p in self.pending:
-                if p["seq"] < r["seq"]:
-                    p["passed"] += 1
+            cls = self.classes[r["job"]]
+            self.class_grants[cls] = self.class_grants.get(cls, 0) + 1
+            if self.K and any(p["job"] == r["job"] for p in self.pending):
+                self._mark(r["job"])
             self.granted[(r["job"], r["tok"])] = [r["nbytes"], now + self.lease]
             out.append((r["job"], r["tok"]))
         return out
@@ -555,27 +590,41 @@ def test_job_class_outranks_priority_and_bursts_in_both_orders():
         assert a.stats()["L"]["job_classes"] == {"low": 0, "high": 2, "mid": 1}
 
 
-def test_lower_class_still_progresses_through_the_starvation_bound():
-    """A class-2 job keeps the link busy; the class-0 job is granted once
-    every K + 1 grants (passed over K times), not starved."""
+def test_classes_are_strict_the_lower_class_runs_on_the_leftover_link():
+    """While the class-2 job has a request pending, no class-0 request is
+    granted, however often it is passed over; as soon as the class-2 job has
+    nothing pending the class-0 job gets the link; within a class the
+    starvation bound still holds."""
     K = 3
     for order in ("chunk", "burst"):
         a, _ = mk(credit=1, K=K, order=order)
         high = a.register("high", "L", job_class=2)
         low = a.register("low", "L")
+        low2 = a.register("low2", "L")
         a.request(high, 1, 0, 1, "h")
-        for t in range(1, 5):
+        for t in range(1, 4):
             a.request(low, t, 9, 1, "l%d" % t)
-        tok = 1
-        granted, cur = [], (high, 1)
+        a.request(low2, 1, -5, 1, "starved")       # lower priority, same class
+        tok, cur, granted = 1, (high, 1), []
         for _ in range(4 * (K + 1)):
             tok += 1
             a.request(high, tok, 0, 1, "h")         # the high class always has one waiting
             (r,) = a.complete(*cur)
             granted.append(r.job.job_id)
             cur = (r.job, r.token)
-        assert granted.count("low") == 4, (order, granted)
-        assert a.stats()["L"]["starvation_grants"] == 4
+        assert set(granted) == {"high"}, (order, granted)
+        (r,) = a.complete(*cur)                     # the high class is idle now
+        rest = [r.chunk]
+        while True:
+            got = a.complete(r.job, r.token)
+            if not got:
+                break
+            (r,) = got
+            rest.append(r.chunk)
+        # the leftover link goes to class 0: its burst/priority order, and the
+        # low-priority request of low2 goes once passed over K times
+        assert sorted(rest) == ["l1", "l2", "l3", "starved"], (order, rest)
+        assert rest.index("starved") <= K, (order, rest)
 
 
 def test_renew_keeps_a_grant_past_its_lease():
@@ -659,3 +708,38 @@ def test_frame_reader_splits_any_chunking():
         rd.feed(P.frame(b"x" * 11))
     with pytest.raises(P.ProtocolError, match="bad frame length"):
         P.FrameReader().feed(b"\0\0\0\0rest")
+
+
+def test_a_boosted_jobs_next_burst_ranks_high_from_its_first_chunk():
+    """A step's chunks come output side first (low priority) and the boosted
+    input side last: the boosted job's new burst must outrank the other job's
+    older burst from its first chunk on, or it could not overlap its
+    communication with its backward pass. A lowered boost counts from the
+    burst after the one that asked for less."""
+    a, _ = mk(credit=1, K=0, order="burst")
+    boosted, other = a.register("boosted", "L"), a.register("other", "L")
+    blocker = a.register("blocker", "L")
+    a.request(blocker, 1, 0, 1, "busy")                   # the link is taken
+    a.request(boosted, 1, 0, 1, "b-out")                  # previous step: low ...
+    a.request(boosted, 2, 7, 1, "b-in")                   # ... then its boosted input side
+    (r,) = a.complete(blocker, 1)
+    assert r.chunk == "b-in"
+    (r,) = a.complete(boosted, 2)
+    assert r.chunk == "b-out"
+    assert a.complete(boosted, 1) == []                   # its burst ended
+    a.request(blocker, 2, 0, 1, "busy")
+    a.request(other, 1, 3, 1, "o1")                       # the other job's burst starts first
+    a.request(boosted, 3, 0, 1, "b-out-next")             # the boosted job's next step: low chunk first
+    (r,) = a.complete(blocker, 2)
+    assert r.chunk == "b-out-next"                        # ranked at 7 (its last burst), not 0
+    # the boost was lowered: this burst asks for at most 4 (still ranked 7 now) ...
+    a.request(boosted, 4, 4, 1, "b-in-next")
+    (r,) = a.complete(boosted, 3)
+    assert r.chunk == "b-in-next"
+    (r,) = a.complete(boosted, 4)                         # burst over: the other job's turn
+    assert r.chunk == "o1"
+    # ... so its next burst starts at 4, below the other job's 5
+    a.request(other, 2, 5, 1, "o2")
+    a.request(boosted, 5, 0, 1, "b3")
+    (r,) = a.complete(other, 1)
+    assert r.chunk == "o2"

@@ -5,6 +5,7 @@ import json
 import pytest
 
 from benchmarks import arbiter_bench as ab
+from benchmarks import traces
 
 
 def _err(capsys, argv):
@@ -48,8 +49,8 @@ def test_plan_interleaved_and_rotated():
 
 
 def test_union_length():
-    assert ab.union_length([]) == 0
-    assert ab.union_length([(0, 1), (0.5, 2), (3, 4)]) == pytest.approx(3.0)
+    assert traces.union_length([]) == 0
+    assert traces.union_length([(0, 1), (0.5, 2), (3, 4)]) == pytest.approx(3.0)
 
 
 def _trace(tmp_path, name, spans):
@@ -69,11 +70,11 @@ def test_trace_summary_and_inflight(tmp_path):
         ("arbiter", "arbiter", t + 9.0, t + 9.5),            # outside the window
         ("chunk", "allreduce", t + 1.0, t + 2.0), ("chunk", "wait", t + 0, t + 5)])
     p1 = _trace(tmp_path, "job1.trace.json", [("chunk", "allreduce", t + 1.5, t + 3.0)])
-    s = ab.trace_summary(p0, (t - 1, t + 5))
+    s = traces.trace_summary(p0, (t - 1, t + 5))
     assert s["chunks"] == 2 and s["wait_total_s"] == pytest.approx(0.040)
     assert s["wait_max_ms"] == pytest.approx(30.0) and s["wait_union_s"] == pytest.approx(0.040)
-    assert ab.inflight_fraction([p0, p1], (t, t + 4)) == pytest.approx(0.5)
-    assert ab.trace_summary(tmp_path / "missing.json", None) is None
+    assert traces.inflight_fraction([p0, p1], (t, t + 4)) == pytest.approx(0.5)
+    assert traces.trace_summary(tmp_path / "missing.json", None) is None
 
 
 def _run(cfg, rep, meds, busy_bytes, arbiter=False):
@@ -144,7 +145,7 @@ def test_step_breakdown(tmp_path):
                         "ts": (s + dt) * 1e6, "args": {"kind": kind}})
     p = tmp_path / "job0.trace.json"
     p.write_text(json.dumps(evs))
-    b = ab.step_breakdown(p, (t + 0.5, t + 3))          # step 0 starts before the window
+    b = traces.step_breakdown(p, (t + 0.5, t + 3))          # step 0 starts before the window
     assert b["steps"] == 2
     assert b["compute_s"] == pytest.approx(0.5) and b["comm_s"] == pytest.approx(0.3)
 

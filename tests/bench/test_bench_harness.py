@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from benchmarks import netns, report, run, workload
+from benchmarks import harness, netns, report, run, workload
 from benchmarks.netns import HarnessError, ShapedLink
 
 REPO = Path(__file__).resolve().parents[2]
@@ -114,11 +114,13 @@ def test_defaults_and_plan_interleave():
 def test_job_command_uses_gloo_on_lo(tmp_path):
     if shutil.which("horovodrun") is None and not (Path(sys.executable).parent / "horovodrun").exists():
         pytest.skip("horovodrun not installed")
-    cmd = run.job_command(run.JobSpec(name="job0", impl="prio", priority='{"step": 2}'), tmp_path)
+    cmd = harness.job_command(harness.JobSpec(name="job0", impl="prio", priority='{"step": 2}'),
+                              tmp_path)
     s = " ".join(cmd)
     assert "--gloo --network-interface lo -np 2 -H localhost:2" in s
     assert "--impl prio" in s and '--priority {"step": 2}' in s
-    cmd = run.job_command(run.JobSpec(name="job0", impl="horovod", priority='{"step": 2}'), tmp_path)
+    cmd = harness.job_command(harness.JobSpec(name="job0", impl="horovod",
+                                              priority='{"step": 2}'), tmp_path)
     assert "--priority" not in cmd
 
 
@@ -167,14 +169,15 @@ def test_stale_namespace_with_our_prefix_is_removed():
 def test_cleanup_after_failing_job(tmp_path, monkeypatch):
     pidfile = tmp_path / "pid"
     # a "job" that leaves an escaped child behind and then fails
-    monkeypatch.setattr(run, "job_command", lambda job, wd: [
+    monkeypatch.setattr(harness, "job_command", lambda job, wd: [
         "sh", "-c", f"setsid sleep 300 </dev/null >/dev/null 2>&1 & echo $! > {pidfile}; "
                     "echo boom-from-job; sleep 0.3; exit 3"])
     link = ShapedLink("1gbit")
     try:
         link.create()
-        with pytest.raises(run.RunFailed, match="status 3") as e:
-            run.run_jobs(link, [run.JobSpec(name="job0", impl="horovod")], tmp_path / "w", 20)
+        with pytest.raises(harness.RunFailed, match="status 3") as e:
+            harness.run_jobs(link, [harness.JobSpec(name="job0", impl="horovod")],
+                             tmp_path / "w", 20)
         assert "boom-from-job" in str(e.value)
     finally:
         link.cleanup()
@@ -195,12 +198,12 @@ def test_job_that_does_not_exit_after_its_steps_is_killed(tmp_path, monkeypatch)
                             f"while [ ! -e {wd}/go ]; do sleep 0.05; done; "
                             f"echo '{{\"step\": 1, \"t_start\": 3, \"t_end\": 4}}' >> {p}.steps.jsonl; "
                             "sleep 300"]
-    monkeypatch.setattr(run, "job_command", fake)
+    monkeypatch.setattr(harness, "job_command", fake)
     link = ShapedLink("1gbit")
     try:
         link.create()
-        res = run.run_jobs(link, [run.JobSpec(name="job0", impl="horovod", steps=1, warmup=1)],
-                           w, 20, exit_grace=1.0)
+        res = harness.run_jobs(link, [harness.JobSpec(name="job0", impl="horovod", steps=1,
+                                                      warmup=1)], w, 20, exit_grace=1.0)
         assert res["notes"] and "did not exit" in res["notes"][0]
         assert [s["step"] for s in res["jobs"][0]["steps"]] == [0, 1]
         assert netns.namespace_pids(link.name) == []
@@ -258,12 +261,12 @@ def test_real_horovod_job_failure_is_reported_and_cleaned(tmp_path):
     if not _horovod_ready():
         pytest.skip("horovod with TensorFlow not installed in this interpreter's venv")
     link = ShapedLink("1gbit")
-    job = run.JobSpec(name="job0", impl="horovod", batch=8, steps=3, warmup=1, cpus="0",
+    job = harness.JobSpec(name="job0", impl="horovod", batch=8, steps=3, warmup=1, cpus="0",
                       extra_args=["--fail-at-step", "1"])
     try:
         link.create()
-        with pytest.raises(run.RunFailed, match="exited with status"):
-            run.run_jobs(link, [job], tmp_path, timeout=120)
+        with pytest.raises(harness.RunFailed, match="exited with status"):
+            harness.run_jobs(link, [job], tmp_path, timeout=120)
     finally:
         link.cleanup()
     assert link.name not in netns.list_namespaces()

@@ -12,7 +12,7 @@ from horovod_prio.method.policy import AdaptivePriorityPolicy
 DEFAULTS = dict(
     enabled=True, num_groups=4, ratio_threshold=2.0, scene="first", coefficient=None,
     relative_coefficient=None, count_threshold=20, adjust_groups=1, step=1, max_boost=4,
-    warmup_batches=2, calibration_batches=20, partition_bytes=4194304, credit_bytes=8388608, trace_path=None,
+    warmup_batches=2, calibration_batches=20, partition_bytes=4194304, credit_bytes=None, autotune=False, monitor=True, trace_path=None,
     arbiter=None, link=None, job_id=None, arbiter_secret=None, arbiter_secret_file=None,
     job_priority=0, arbiter_timeout=0.05, overlap=None,
 )
@@ -381,3 +381,14 @@ def test_arbiter_needs_a_link_and_a_secret():
 def test_job_priority_errors_name_the_field(raw):
     with pytest.raises(ValueError, match="PriorityConfig.job_priority must be an integer in"):
         PriorityConfig.from_env(env(job_priority=raw))
+
+
+def test_credit_auto_or_bytes():
+    assert PriorityConfig.from_env({}).credit_bytes is None
+    assert PriorityConfig.from_env(env(credit_bytes="AUTO")).credit_bytes is None
+    assert PriorityConfig.from_env({}, credit_bytes="auto").credit_bytes is None
+    assert PriorityConfig.from_env(env(credit_bytes="8MiB")).credit_bytes == 8 << 20
+    with pytest.raises(ValueError, match=r"credit_bytes must be a byte size >= 1024 .*or 'auto'"):
+        PriorityConfig.from_env(env(credit_bytes="fast"))
+    c = PriorityConfig.from_env(env(autotune="1", monitor="0"))
+    assert c.autotune is True and c.monitor is False

@@ -11,7 +11,9 @@ import horovod.tensorflow.keras as _hvd_keras
 from horovod_prio.method.config import PriorityConfig
 from horovod_prio.tensorflow import optimizer as _opt
 
-globals().update({_n: getattr(_hvd_keras, _n) for _n in dir(_hvd_keras) if not _n.startswith("_")})
+# (our own callbacks/elastic submodules replace Horovod's: not copied)
+globals().update({_n: getattr(_hvd_keras, _n) for _n in dir(_hvd_keras)
+                  if not _n.startswith("_") and _n not in ("callbacks", "elastic")})
 from horovod_prio.tensorflow.keras import callbacks, elastic  # noqa: E402,F401
 
 
