@@ -1,4 +1,5 @@
 """The credit tuner (pure) and its wiring in the runtime (no TensorFlow)."""
+import time
 import random
 
 import pytest
@@ -65,7 +66,9 @@ class Clock:
         self.vec[slot] = p
 
     def wait(self, timeout):
-        pass
+        # like the real clock, block (a no-op wait spins the runtime thread and
+        # starves every later test of the CPU)
+        time.sleep(timeout)
 
     def take_steps(self, slot):
         out, self.steps[slot] = self.steps[slot], []
@@ -95,12 +98,15 @@ def test_runtime_tunes_rank0s_credit_and_explicit_values_win():
     rt2.setup(cfg(autotune=True, credit_bytes="4MiB"), 0, 2)
     rt2.identity("opt", ("k",), cfg(autotune=True, credit_bytes="4MiB"), 2, Clock(), 1 << 30)
     assert rt2.tuner is None and rt2.scheduler.stats()["credit_bytes"] == 4 << 20
+    rt2.shutdown()
     # other ranks never hold, never tune: nothing for them to agree on
     rt3 = Runtime(scheduler_factory=Scheduler)
     rt3.setup(cfg(autotune=True), 1, 2)
     rt3.identity("opt", ("k",), cfg(autotune=True), 2, Clock(), 1 << 30)
     assert rt3.tuner is None and rt3.scheduler.stats()["hold"] is False
+    rt3.shutdown()
     # without autotune the automatic credit is "no limit"
     rt4 = Runtime(scheduler_factory=Scheduler)
     rt4.setup(cfg(), 0, 2)
     assert rt4.scheduler.stats()["credit_bytes"] == UNLIMITED and rt4.tuner is None
+    rt4.shutdown()
