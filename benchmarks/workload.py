@@ -7,8 +7,9 @@
 ``--impl horovod`` imports ``horovod.tensorflow.keras as hvd``; ``--impl prio``
 imports ``horovod_prio.tensorflow.keras as hvd``. That import (plus the
 optional ``priority=`` kwarg of ``DistributedOptimizer`` when ``--priority`` is
-given) is the only difference between the two; everything else -- model,
-seeded synthetic data, optimizer, threads, pinning -- is identical.
+given, and ``model = hvd.overlap(model)`` with ``--overlap``, barrier crossing,
+docs/overlap.md) is the only difference between the two; everything else --
+model, seeded synthetic data, optimizer, threads, pinning -- is identical.
 
 Rank 0 writes one JSON line per step to ``--out``:
 ``{"step": i, "t_start": wall s, "t_end": wall s, "warmup": bool}``
@@ -68,6 +69,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="JSON object of PriorityConfig fields, passed as "
                         "DistributedOptimizer(priority={...}) (only --impl prio; "
                         "default: the binding reads HOROVOD_PRIO_* env)")
+    p.add_argument("--overlap", action="store_true",
+                   help="model = hvd.overlap(model) before compile: the next step's forward "
+                        "starts on layers already reduced (only --impl prio)")
     p.add_argument("--out", required=True, help="rank 0: step times, JSON lines")
     p.add_argument("--meta-out", help="rank 0: run description, JSON")
     p.add_argument("--events-out", help="rank 0: horovod_prio logger records, JSON lines")
@@ -87,6 +91,8 @@ def parse_args(argv=None):
     if a.priority is not None and a.impl != "prio":
         p.error("argument --priority: only valid with --impl prio "
                 "(plain Horovod's DistributedOptimizer has no priority)")
+    if a.overlap and a.impl != "prio":
+        p.error("argument --overlap: only valid with --impl prio (hvd.overlap is horovod_prio's)")
     return a
 
 
@@ -163,6 +169,8 @@ def main(argv=None) -> int:
     ds = (tf.data.Dataset.from_tensor_slices((x, y)).repeat()
           .batch(a.batch, drop_remainder=True).prefetch(2))
 
+    if a.overlap:
+        model = hvd.overlap(model)   # the one added line
     kw = {} if a.priority is None else {"priority": a.priority}
     opt = hvd.DistributedOptimizer(tf.keras.optimizers.SGD(learning_rate=0.01), **kw)
     model.compile(optimizer=opt,
@@ -173,7 +181,7 @@ def main(argv=None) -> int:
         "impl": a.impl, "model": a.model, "params": int(model.count_params()),
         "grad_bytes": int(model.count_params()) * 4, "batch": a.batch,
         "steps": a.steps, "warmup": a.warmup, "threads": a.threads,
-        "priority": a.priority, "size": hvd.size(), "pid": os.getpid(),
+        "priority": a.priority, "overlap": a.overlap, "size": hvd.size(), "pid": os.getpid(),
         "affinity": sorted(os.sched_getaffinity(0)),
         "rendezvous": "%s:%s" % (os.environ.get("HOROVOD_GLOO_RENDEZVOUS_ADDR"),
                                  os.environ.get("HOROVOD_GLOO_RENDEZVOUS_PORT")),

@@ -48,6 +48,7 @@ arbiter_secret       HOROVOD_PRIO_ARBITER_SECRET   None      non-empty string (h
 arbiter_secret_file  HOROVOD_PRIO_ARBITER_SECRET_FILE None   path of a file holding the secret
 job_priority         HOROVOD_PRIO_JOB_PRIORITY     0         int: the job's class at the arbiter
 arbiter_timeout      HOROVOD_PRIO_ARBITER_TIMEOUT  0.05      seconds, > 0
+overlap              HOROVOD_PRIO_OVERLAP          None      1/0/true/false/... or unset
 ==================== ============================= ========= =========================
 
 Notes:
@@ -64,6 +65,12 @@ Notes:
   optional suffix: ``B``; ``KB``/``MB``/``GB`` (powers of 1000); ``K``/``M``/``G``
   and ``KiB``/``MiB``/``GiB`` (powers of 1024). Case-insensitive. ``"4MiB"`` ->
   4194304, ``"1MB"`` -> 1000000.
+* ``overlap`` (barrier crossing, ``docs/overlap.md``): unset, models and
+  optimizers passed to ``hvd.overlap(...)`` overlap the next step's forward
+  pass with this step's allreduces and the rest train synchronously; ``False``
+  turns ``hvd.overlap(...)`` into a logged no-op (synchronous training, same
+  math: an A/B switch); ``True`` requires it: an optimizer or tape with
+  ``overlap=True`` that reaches a training step without ``hvd.overlap`` raises.
 * ``credit_bytes`` is the most gradient bytes the scheduler lets be in flight
   on rank 0. ``None`` / ``"auto"`` (the default) means no byte limit - chunks
   leave as soon as they are ready, highest priority first among the chunks
@@ -192,11 +199,12 @@ _PARSERS: Dict[str, Callable[[Any], Any]] = {
     "arbiter_secret_file": _p_path,
     "job_priority": _unit(units.parse_int, -(1 << 31), (1 << 31) - 1),
     "arbiter_timeout": _unit(units.parse_float, 0.0, strict=True, unit=" (seconds)"),
+    "overlap": _unit(units.parse_bool),
 }
 # fields whose value may be None
 _OPTIONAL = {"credit_bytes", "coefficient", "relative_coefficient", "trace_path", "arbiter", "link",
              "job_id",
-             "arbiter_secret", "arbiter_secret_file"}
+             "arbiter_secret", "arbiter_secret_file", "overlap"}
 
 
 @dataclass(frozen=True, init=False)
@@ -232,6 +240,7 @@ class PriorityConfig:
     arbiter_secret_file: Optional[str] = None
     job_priority: int = 0
     arbiter_timeout: float = 0.05
+    overlap: Optional[bool] = None
 
     def __init__(self, **kwargs: Any) -> None:
         self._build(kwargs, os.environ)

@@ -64,6 +64,9 @@ class Runtime:
         self._thread = None
         self._stop = threading.Event()
         self._closed = False
+        # barrier crossing (runtime/overlap.py): background workers, extra trace events
+        self._overlap_workers = []
+        self._event_sources = []
 
     # ------------------------------------------------------------------ set-up
     def setup(self, config, rank, size, owner="an optimizer"):
@@ -165,6 +168,21 @@ class Runtime:
                 self._thread.start()
             return ident
 
+    # ------------------------------------------------------------------ overlap (docs/overlap.md)
+    def add_overlap_worker(self, worker):
+        """Own and start an :class:`~horovod_prio.runtime.overlap.OverlapWorker`
+        (flushed and stopped at shutdown, before the trace closes)."""
+        with self._lock:
+            if self._closed:
+                raise RuntimeError("horovod_prio runtime is shut down (interpreter exit)")
+            self._overlap_workers.append(worker)
+        worker.start()
+
+    def add_event_source(self, drain):
+        """``drain()`` returns Chrome-trace events to write; called by :meth:`pump`."""
+        with self._lock:
+            self._event_sources.append(drain)
+
     # ------------------------------------------------------------------ the thread
     def _run(self):
         while not self._stop.is_set():
@@ -190,6 +208,9 @@ class Runtime:
                         self._apply_tuning(credit, self.tuner.choices[-1][2])
         if self.tracer is not None:
             self.tracer.add(self.scheduler.drain_events())
+            for drain in list(self._event_sources):
+                for event in drain():
+                    self.writer.emit(event)
             self.writer.flush()
 
     def _apply_tuning(self, credit, why):
@@ -210,6 +231,8 @@ class Runtime:
             if self._closed:
                 return
             self._closed = True
+        for worker in self._overlap_workers:  # flush posted updates while Horovod is alive
+            worker.stop()
         self._stop.set()
         if self.clock is not None:
             self.clock.wake()

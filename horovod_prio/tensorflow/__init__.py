@@ -39,5 +39,9 @@ def DistributedGradientTape(gradtape, *args, priority=None, **kwargs):
     return _opt.install(tape, "DistributedGradientTape", config, hvd_args)
 
 
+# Barrier crossing (docs/overlap.md): hvd.overlap(model[, optimizer]), hvd.flush().
+from horovod_prio.tensorflow.overlapped import flush, overlap  # noqa: E402,F401
+
+
 def __getattr__(name):  # Horovod's private helpers, for scripts that reach them
     return getattr(_hvd, name)

@@ -65,6 +65,8 @@ def _identity_key(variables, grads):
 class PriorityAllreduce:
     """Callable with Horovod's ``allreduce_grads(grads, vars, use_generic_names)`` signature."""
 
+    overlap_attached = False  # set by horovod_prio.tensorflow.overlapped when it takes over
+
     def __init__(self, name, config, fallback, *, device_dense="", device_sparse="",
                  compression=None, sparse_as_dense=False, op=None,
                  gradient_predivide_factor=1.0, process_set=None):
@@ -99,6 +101,12 @@ class PriorityAllreduce:
     # -- the Horovod-facing callable -------------------------------------------------
     @tf.autograph.experimental.do_not_convert
     def __call__(self, grads, vars=None, use_generic_names=False):
+        if self.config.overlap and not self.overlap_attached:
+            raise ValueError(
+                "horovod_prio: %s has PriorityConfig.overlap=True (HOROVOD_PRIO_OVERLAP=1) but "
+                "was not passed to hvd.overlap(...): call `model = hvd.overlap(model)` before "
+                "compile (Keras) or `hvd.overlap(model, optimizer=opt)` (custom loops; a "
+                "DistributedGradientTape cannot overlap), or unset overlap" % self.name)
         if self.passthrough_reason:
             return self.fallback(grads, vars, use_generic_names)
         grads = list(grads)

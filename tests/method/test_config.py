@@ -14,7 +14,7 @@ DEFAULTS = dict(
     relative_coefficient=None, count_threshold=20, adjust_groups=1, step=1, max_boost=4,
     warmup_batches=2, calibration_batches=20, partition_bytes=4194304, credit_bytes=None, autotune=False, monitor=True, trace_path=None,
     arbiter=None, link=None, job_id=None, arbiter_secret=None, arbiter_secret_file=None,
-    job_priority=0, arbiter_timeout=0.05,
+    job_priority=0, arbiter_timeout=0.05, overlap=None,
 )
 # what arbiter= needs beside it
 WITH_ARBITER = dict(link="l", arbiter_secret="s")

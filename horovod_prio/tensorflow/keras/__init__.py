@@ -40,5 +40,9 @@ def load_model(*args, priority=None, **kwargs):
     return model
 
 
+# Barrier crossing (docs/overlap.md): model = hvd.overlap(model) before compile; hvd.flush().
+from horovod_prio.tensorflow.overlapped import flush, overlap  # noqa: E402,F401
+
+
 def __getattr__(name):
     return getattr(_hvd_keras, name)
