@@ -234,10 +234,11 @@ def main(argv=None) -> int:
         sys.stderr.write(f"[bench] removed stale namespaces: {', '.join(removed)}\n")
 
     prio_ok, why = False, "not requested (--impls)"
-    if "prio" in args.impls:
+    wants_prio = any(x != "horovod" for x in args.impls)   # prio or a variant of it
+    if wants_prio:
         sys.stderr.write("[bench] checking horovod_prio.tensorflow.keras ...\n")
         prio_ok, why = check_prio_available()
-    if not prio_ok and "prio" in args.impls:
+    if not prio_ok and wants_prio:
         sys.stderr.write(f"[bench] horovod_prio binding unavailable ({why}); prio configs skipped\n")
 
     runs = plan(args, prio_ok)
