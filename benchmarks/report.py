@@ -29,7 +29,12 @@ def median(xs):
 
 
 def measured_steps(job: dict) -> list[tuple[float, float]]:
-    return [(s["t_start"], s["t_end"]) for s in job.get("steps", []) if not s.get("warmup")]
+    """(start, end) of each measured step, where a step ends when the next one
+    starts (its cycle: also what runs between two batches -- callbacks, and with
+    ``hvd.overlap`` a flush a callback asks for); the last step ends at its own end."""
+    steps = [s for s in job.get("steps", []) if not s.get("warmup")]
+    return [(s["t_start"], nxt["t_start"] if nxt is not None else s["t_end"])
+            for s, nxt in zip(steps, steps[1:] + [None])]
 
 
 def overlap_window(run: dict) -> tuple[float, float] | None:
@@ -196,7 +201,7 @@ def markdown(results: dict) -> str:
     if not meta.get("prio_available", True) and "prio" in meta.get("impls", ["prio"]):
         lines += ["", f"horovod_prio binding unavailable in this run "
                       f"({meta.get('prio_unavailable_reason')}): prio configs skipped."]
-    lines += ["", "s/step: median over repeats of each job's median step time (warmup excluded; "
+    lines += ["", "s/step: median over repeats of each job's median step time (a step from its start to the next step's start; warmup excluded; "
               "with two jobs only steps while both were measuring). speedup: baseline mean "
               "s/step ÷ this config's, baseline = plain Horovod in the same repeat "
               "(alone for a, hvd+hvd for b/c), median over repeats. worst job: largest "

@@ -192,6 +192,8 @@ def main(argv=None) -> int:
     }
 
     class StepTimer(tf.keras.callbacks.Callback):
+        hvd_prio_overlap_safe = True   # reads no weights: no flush before its hooks (hvd.overlap)
+
         def __init__(self):
             super().__init__()
             self.t0 = 0.0
