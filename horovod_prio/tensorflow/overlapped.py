@@ -489,14 +489,16 @@ class _Pipeline:
                     "hvd.overlap: the training step runs inside a tf.while_loop (Keras "
                     "steps_per_execution > 1, or a loop of steps inside one tf.function); overlap "
                     "needs one training step per tf.function call")
-        home, waits = state.guard(chain, ch)
+        home, _ = state.guard(chain, ch)
         gstate = _graph_state(home)
         if ch in gstate["begin"]:
             raise ValueError("hvd.overlap: %s posts twice in one tf.function call; overlap needs "
                              "one training step per call" % self.name)
+        # Begin has no inputs, so it runs first in the call and each chunk is
+        # posted as soon as its gradients exist (during the backward pass); the
+        # call's waits skip its own, unsealed step (kernels/overlap.cc).
         with home.as_default(), home.control_dependencies(None):
-            with home.control_dependencies(waits):
-                ticket = ops.independent(tf_ops.hvd_prio_overlap_begin(channel=ch))
+            ticket = ops.independent(tf_ops.hvd_prio_overlap_begin(channel=ch))
         gstate["begin"].add(ch)
         priorities = ops.step_begin(self.monitor.slot, self.num_groups)
         values = [opt.iterations.read_value(), priorities]

@@ -277,6 +277,41 @@ def test_channel_orders_reads_after_updates_and_fails_loudly_part_way(tf_env):
 
 @pytest.mark.tf_stack
 @pytest.mark.timeout(180)
+def test_begin_first_a_wait_skips_its_own_step(tf_env):
+    """The product's order: Begin runs first in a call (so chunks are posted during
+    the backward pass) and the call's waits come after it. A wait must then skip
+    its own, unsealed step (waiting for it would deadlock: the step's update needs
+    the posts that come after the read) and still wait for every earlier step."""
+    tf, hvd, overlapped = tf_env
+    ops, _ = overlapped._load()
+    from horovod_prio.tensorflow.ops import independent
+    ch = overlapped.Channel("test_begin_first", ntasks=1, nslots=2, nmeta=1)
+    v, seen = tf.Variable(0.0), tf.Variable(-1.0)
+    bg = _Bg(tf, overlapped, ch, v, 2)
+
+    @tf.function
+    def train(x):
+        ticket = independent(ops.hvd_prio_overlap_begin(channel=ch.id))
+        # a chunk posted before a read, as the backward pass posts one layer's chunk
+        # and then reads another layer's weights
+        chunk = independent(ops.hvd_prio_overlap_post(ticket, x, channel=ch.id, slot=1))
+        with tf.control_dependencies([chunk]):
+            wait = independent(ops.hvd_prio_overlap_wait(channel=ch.id, task=0))
+        with tf.control_dependencies([wait]):
+            read = v.read_value()
+        seen.assign(read)
+        independent(ops.hvd_prio_overlap_post(ticket, x + 0.0 * read, channel=ch.id, slot=0))
+
+    for k in range(4):
+        # the read of step k waits for step k-1's update, and not for step k's own
+        run_with_timeout(lambda: train(tf.ones([2])), timeout=30)
+        assert seen.numpy() == 2.0 * k
+    assert ch.flush(30) and v.numpy() == 8.0 and not bg.errors
+    ch.close()
+
+
+@pytest.mark.tf_stack
+@pytest.mark.timeout(180)
 def test_a_step_cannot_finish_before_all_its_values_are_taken(tf_env):
     tf, hvd, overlapped = tf_env
     ops, _ = overlapped._load()

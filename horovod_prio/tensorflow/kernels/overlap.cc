@@ -199,8 +199,14 @@ void SealAll(Channel* ch) {
 bool WaitSatisfied(const Channel& ch, const Request& r) {
   for (const auto& s : ch.live) {
     if (s->ticket > r.bound) break;
-    // A step without chunks never blocks: it belongs to a call that has ended
-    // (a wait starts before its own call's Begin) and will be dropped.
+    // An unsealed step belongs to the call that is running now (an earlier
+    // call's step is sealed when that call ends, at the latest by this call's
+    // Begin): the wait's own step, whether its Begin ran before it or not.
+    // Begin runs first in a call (no inputs), so its chunks can be posted while
+    // the backward pass still runs.
+    if (!s->sealed) continue;
+    // A step without chunks never blocks: its call has ended without posting
+    // a gradient, and it will be dropped.
     if (s->nchunks > 0 && !s->applied[r.task]) return false;
   }
   return true;
@@ -380,8 +386,9 @@ REGISTER_OP("HvdPrioOverlapBegin")
     })
     .Doc(R"doc(
 A training call of overlap channel `channel` starts posting: returns the
-step's ticket.  Run it after the call's HvdPrioOverlapWait ops.  The step is
-sealed when the call ends.
+step's ticket.  Give it no inputs, so it runs first in its call; the call's
+HvdPrioOverlapWait ops never wait for the call's own (unsealed) step.  The step
+is sealed when the call ends.
 )doc");
 
 REGISTER_OP("HvdPrioOverlapPost")
@@ -403,8 +410,9 @@ REGISTER_OP("HvdPrioOverlapWait")
     .SetIsStateful()
     .SetShapeFn([](shape_inference::InferenceContext* c) { return Status(); })
     .Doc(R"doc(
-Completes once every step begun before it started has applied layer (task)
-`task` of the channel: make the layer's variable reads depend on it.
+Completes once every step of an earlier call (begun before it started) has
+applied layer (task) `task` of the channel: make the layer's variable reads
+depend on it.
 )doc");
 
 REGISTER_OP("HvdPrioOverlapTakeBegin")
@@ -476,7 +484,18 @@ class OverlapBeginOp : public OpKernel {
       if (ch == nullptr) {
         err = errors::InvalidArgument("horovod_prio overlap: no channel ", channel_);
       } else {
-        ov::SealAll(ch);  // earlier calls have ended (fallback for a missing seal)
+        // An earlier call's step must have been sealed when that call ended:
+        // this call's waits skip unsealed steps as their own (WaitSatisfied),
+        // so a step left open would let them read stale weights.  Never
+        // silently: fail the channel.
+        bool late = false;
+        for (const auto& s : ch->live) late = late || !s->sealed;
+        ov::SealAll(ch);
+        if (late && ch->error.empty() && !ch->closed) {
+          ov::Fail(ch, "a training call ended without sealing its step (its cancellation "
+                       "manager did not run the seal callback); the next call's per-layer "
+                       "waits cannot be trusted");
+        }
         if (ch->closed || !ch->error.empty()) {
           err = ov::ChannelError(*ch);
         } else {
