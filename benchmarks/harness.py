@@ -76,6 +76,7 @@ class JobSpec:
     steps: int = 15
     warmup: int = 3
     threads: int = 1
+    inter_threads: int | None = None   # TF inter-op threads (None: threads)
     cpus: str | None = None       # taskset list for the whole job
     pin_rank: bool = False
     priority: str | None = None
@@ -113,6 +114,7 @@ def workload_command(job: JobSpec, workdir: Path) -> list[str]:
            "--impl", job.impl, "--model", job.model, "--batch", str(job.batch),
            "--steps", str(job.steps), "--warmup", str(job.warmup),
            "--threads", str(job.threads),
+           *(["--inter-threads", str(job.inter_threads)] if job.inter_threads else []),
            "--out", f"{w}.steps.jsonl", "--meta-out", f"{w}.meta.json",
            "--events-out", f"{w}.events.jsonl",
            "--ready-file", f"{w}.ready", "--go-file", str(go_file(job, workdir))]

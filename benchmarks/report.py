@@ -174,7 +174,8 @@ def markdown(results: dict) -> str:
     meta = results.get("meta", {})
     lines = [
         f"Command: `{meta.get('command', '?')}` — {meta.get('date', '')}, git {meta.get('git')}, "
-        f"{meta.get('ncpu')} cores, pin={meta.get('pin')}, TF threads={meta.get('threads')}, "
+        f"{meta.get('ncpu')} cores, pin={meta.get('pin')}, TF threads={meta.get('threads')}"
+        f"{'' if not meta.get('inter_threads') else ' (inter-op ' + str(meta.get('inter_threads')) + ')'}, "
         f"{meta.get('steps')} measured steps/job after {meta.get('warmup')} warmup, "
         f"repeats={meta.get('repeats')}" + (f", delay={meta['delay']}" if meta.get("delay") else ""),
         "",

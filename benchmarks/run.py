@@ -121,6 +121,8 @@ def build_parser():
     p.add_argument("--pin", choices=["job", "rank", "none"], default="job",
                    help="job: job j on core j%%ncpu (default); rank: rank r on core r; none")
     p.add_argument("--threads", type=positive_int, default=1, help="TF threads per rank")
+    p.add_argument("--inter-threads", type=positive_int, default=None,
+                   help="TF inter-op threads per rank (default: --threads; hvd.overlap needs >= 2)")
     p.add_argument("--priority", default=None, metavar="JSON",
                    help="prio jobs: DistributedOptimizer(priority=<JSON object of "
                         "PriorityConfig fields>); default: HOROVOD_PRIO_* env / defaults")
@@ -204,7 +206,8 @@ def execute_run(r: dict, args, workroot: Path, progress: Progress | None) -> dic
         env.update(venv)
         jobs.append(JobSpec(name=f"job{i}", impl="prio" if prio else "horovod", model=args.model,
                             batch=r["batch"], steps=args.steps, warmup=args.warmup,
-                            threads=args.threads, cpus=cpus_for(i, args.pin),
+                            threads=args.threads, inter_threads=args.inter_threads,
+                            cpus=cpus_for(i, args.pin),
                             pin_rank=(args.pin == "rank"),
                             priority=args.priority if prio else None, env=env,
                             extra_args=list(vflags)))
@@ -252,6 +255,7 @@ def main(argv=None) -> int:
             "command": "python -m benchmarks.run " + " ".join(sys.argv[1:] if argv is None else argv),
             "date": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
             "ncpu": os.cpu_count(), "pin": args.pin, "threads": args.threads,
+            "inter_threads": args.inter_threads,
             "model": args.model, "steps": args.steps, "warmup": args.warmup,
             "repeats": args.repeats, "delay": args.delay, "priority": args.priority,
             "prio_env": dict(args.prio_env), "prio_available": prio_ok, "impls": args.impls,

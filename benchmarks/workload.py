@@ -62,6 +62,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="steps before measuring (>= 1: the first step traces the graph)")
     p.add_argument("--threads", type=_positive_int, default=1,
                    help="TF intra-op and inter-op threads")
+    p.add_argument("--inter-threads", type=_positive_int, default=None,
+                   help="TF inter-op threads (default: --threads); hvd.overlap runs its "
+                        "background update beside the training call and needs >= 2")
     p.add_argument("--pin-rank", action="store_true",
                    help="pin rank r to core r %% ncpu (default: inherit the affinity)")
     p.add_argument("--seed", type=int, default=0)
@@ -144,7 +147,7 @@ def main(argv=None) -> int:
     import numpy as np
     import tensorflow as tf
     tf.config.threading.set_intra_op_parallelism_threads(a.threads)
-    tf.config.threading.set_inter_op_parallelism_threads(a.threads)
+    tf.config.threading.set_inter_op_parallelism_threads(a.inter_threads or a.threads)
 
     if a.impl == "horovod":
         import horovod.tensorflow.keras as hvd
@@ -181,6 +184,7 @@ def main(argv=None) -> int:
         "impl": a.impl, "model": a.model, "params": int(model.count_params()),
         "grad_bytes": int(model.count_params()) * 4, "batch": a.batch,
         "steps": a.steps, "warmup": a.warmup, "threads": a.threads,
+        "inter_threads": a.inter_threads or a.threads,
         "priority": a.priority, "overlap": a.overlap, "size": hvd.size(), "pid": os.getpid(),
         "affinity": sorted(os.sched_getaffinity(0)),
         "rendezvous": "%s:%s" % (os.environ.get("HOROVOD_GLOO_RENDEZVOUS_ADDR"),
