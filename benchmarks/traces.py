@@ -107,3 +107,96 @@ def inflight_fraction(paths: list[Path], window: tuple[float, float] | None) -> 
     if not sp:
         return None
     return union_length(sp) / (window[1] - window[0])
+
+
+def overlap_timeline(evs: list[dict], first_step: int, nsteps: int = 2) -> dict:
+    """What one picture of barrier crossing needs, from a rank-0 trace of a job
+    run with ``hvd.overlap``: the training calls ("steps"), each layer wait of
+    the next forward (with whether it blocked), each chunk's allreduce (name,
+    priority) and each layer update, from the start of training call
+    ``first_step`` to the end of call ``first_step + nsteps - 1``. Times in
+    seconds from that start."""
+    calls = sorted((e for e in evs if e.get("tid") == "steps" and e.get("ph") == "X"),
+                   key=lambda e: e["ts"])
+    if len(calls) < first_step + nsteps:
+        raise ValueError(f"the trace has {len(calls)} training steps, "
+                         f"fewer than {first_step + nsteps}")
+    t0 = calls[first_step]["ts"]
+    last = calls[first_step + nsteps - 1]
+    t1 = last["ts"] + last["dur"]
+
+    def inside(e):                          # overlaps the window
+        return e["ts"] <= t1 and e["ts"] + e.get("dur", 0) >= t0
+
+    def sec(us):
+        return (us - t0) / 1e6
+
+    out = {"calls": [], "waits": [], "allreduces": [], "applies": []}
+    for e in calls[first_step:first_step + nsteps]:
+        out["calls"].append((sec(e["ts"]), sec(e["ts"] + e["dur"])))
+    for e in evs:
+        if "ts" not in e or not inside(e):
+            continue
+        args = e.get("args", {})
+        if e.get("tid") == "overlap wait" and e.get("ph") == "X":
+            out["waits"].append((args.get("task"), sec(e["ts"]), sec(e["ts"] + e["dur"]),
+                                 bool(args.get("blocked"))))
+        elif e.get("cat") == "chunk" and e.get("ph") == "X" and e["name"].startswith("allreduce "):
+            out["allreduces"].append((e["name"][len("allreduce "):], args.get("priority"),
+                                      sec(e["ts"]), sec(e["ts"] + e["dur"])))
+        elif e.get("tid") == "overlap apply":
+            out["applies"].append((args.get("task"), sec(e["ts"])))
+    return out
+
+
+def plot_overlap(trace: Path, out: Path, first_step: int = 8, nsteps: int = 2) -> Path:
+    """A PNG of :func:`overlap_timeline`: one row per chunk's allreduce (input
+    side -- highest priority -- on top), the training calls and the per-layer
+    waits of the next forward below."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    tl = overlap_timeline(trace_events(Path(trace)), first_step, nsteps)
+    chunks = sorted({(p, n) for n, p, _, _ in tl["allreduces"]}, key=lambda x: (-x[0], x[1]))
+    rows = {c: i for i, c in enumerate(chunks)}
+    tasks = sorted({t for t, *_ in tl["waits"]}, reverse=True)
+    fig, ax = plt.subplots(figsize=(11, 0.35 * (len(rows) + len(tasks) + 2) + 1.5))
+    cmap = plt.get_cmap("viridis")
+    top = max((p for p, _ in chunks), default=1) or 1
+    for name, prio, a, b in tl["allreduces"]:
+        ax.barh(rows[(prio, name)], b - a, left=a, color=cmap(prio / top), edgecolor="black",
+                linewidth=0.3)
+    base = len(rows)
+    for a, b in tl["calls"]:
+        ax.barh(base, b - a, left=a, color="tab:gray")
+    for task, a, b, blocked in tl["waits"]:
+        y = base + 1 + tasks.index(task)
+        ax.barh(y, max(b - a, 0.002), left=a, color="tab:red" if blocked else "tab:green")
+    for task, t in tl["applies"]:
+        ax.plot([t], [base + 1 + tasks.index(task)], marker="|", color="black", markersize=12)
+    labels = [f"allreduce {n} (prio {p})" for p, n in chunks] + ["training call"] + \
+        [f"wait, task {t}{' (input side)' if t == max(tasks) else ''}" for t in tasks]
+    ax.set_yticks(range(len(labels)))
+    ax.set_yticklabels(labels, fontsize=7)
+    ax.invert_yaxis()
+    ax.set_xlabel("seconds from the start of a training call")
+    ax.set_title("hvd.overlap: the next call's forward waits per layer (task, backprop order; "
+                 "red = blocked, | = layer updated) while this step's chunks are reduced "
+                 "(higher priority = input side)", fontsize=8)
+    fig.tight_layout()
+    fig.savefig(out, dpi=110)
+    plt.close(fig)
+    return Path(out)
+
+
+if __name__ == "__main__":
+    import argparse
+    p = argparse.ArgumentParser(prog="python -m benchmarks.traces",
+                                description="plot a barrier-crossing timeline from a trace")
+    p.add_argument("trace", type=Path)
+    p.add_argument("--out", type=Path, required=True)
+    p.add_argument("--first-step", type=int, default=8)
+    p.add_argument("--steps", type=int, default=2)
+    a = p.parse_args()
+    print(plot_overlap(a.trace, a.out, a.first_step, a.steps))

@@ -945,6 +945,7 @@ def overlap(model, optimizer=None):
     Returns its first argument. See docs/overlap.md for what flushes, what is
     supported and the errors raised otherwise."""
     _load()
+    _warn_one_inter_op_thread()
     if isinstance(model, (tf.keras.optimizers.Optimizer, tf.keras.optimizers.legacy.Optimizer)):
         if optimizer is not None:
             raise TypeError("hvd.overlap(optimizer, optimizer=...): pass one optimizer")
@@ -963,6 +964,21 @@ def overlap(model, optimizer=None):
     elif getattr(model, "optimizer", None) is not None:
         _attach(model.optimizer)
     return model
+
+
+_warned_threads = [False]
+
+
+def _warn_one_inter_op_thread():
+    """With one TF inter-op thread the background update of step k can only run
+    when the training call of step k+1 leaves the thread: the math is the same,
+    the overlap is gone. Said once per process (TF's default, 0, picks per core)."""
+    if _warned_threads[0] or tf.config.threading.get_inter_op_parallelism_threads() != 1:
+        return
+    _warned_threads[0] = True
+    log.warning("horovod_prio: hvd.overlap with 1 TensorFlow inter-op thread: the background "
+                "update cannot run beside the training call, so steps do not overlap (same "
+                "math); set tf.config.threading.set_inter_op_parallelism_threads(2) or more")
 
 
 def flush(target=None, timeout=None):

@@ -537,3 +537,17 @@ def test_benchmark_workload_runs_with_overlap(tmp_path):
                       "--meta-out", str(meta)], "gloo", timeout=300))
     assert len(steps.read_text().splitlines()) == 4
     assert json.load(open(meta))["overlap"] is True
+
+
+def test_one_inter_op_thread_is_warned_once(tf_env, monkeypatch, caplog):
+    """hvd.overlap with one inter-op thread cannot overlap (the background update
+    waits for the training call's thread): a warning says so, once."""
+    tf, hvd, overlapped = tf_env
+    monkeypatch.setattr(overlapped, "_warned_threads", [False])
+    monkeypatch.setattr(tf.config.threading, "get_inter_op_parallelism_threads", lambda: 1)
+    with caplog.at_level("WARNING", logger="horovod_prio"):
+        opt = hvd.DistributedOptimizer(tf.keras.optimizers.SGD(0.1), name="OneThread")
+        hvd.overlap(opt)
+        hvd.overlap(opt)
+    hits = [r for r in caplog.records if "inter-op thread" in r.getMessage()]
+    assert len(hits) == 1, [r.getMessage() for r in caplog.records]
