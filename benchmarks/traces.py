@@ -181,9 +181,9 @@ def plot_overlap(trace: Path, out: Path, first_step: int = 8, nsteps: int = 2) -
     ax.set_yticklabels(labels, fontsize=7)
     ax.invert_yaxis()
     ax.set_xlabel("seconds from the start of a training call")
-    ax.set_title("hvd.overlap: the next call's forward waits per layer (task, backprop order; "
-                 "red = blocked, | = layer updated) while this step's chunks are reduced "
-                 "(higher priority = input side)", fontsize=8)
+    ax.set_title("hvd.overlap: the next call's forward waits per layer (task in backprop order; "
+                 "red = blocked, | = layer updated)\nwhile this step's chunks are reduced "
+                 "(colour = priority; the input side ranks highest)", fontsize=8)
     fig.tight_layout()
     fig.savefig(out, dpi=110)
     plt.close(fig)
