@@ -10,8 +10,8 @@
 // variables until the previous steps applied that layer.
 //
 //   training call (graph of the step)        background call (one per step)
-//   HvdPrioOverlapWait(task)  per layer      HvdPrioOverlapTakeBegin -> ticket
-//   HvdPrioOverlapBegin       -> ticket      HvdPrioOverlapTake(ticket, slot)
+//   HvdPrioOverlapBegin -> ticket (first)    HvdPrioOverlapTakeBegin -> ticket
+//   HvdPrioOverlapWait(task)  per layer      HvdPrioOverlapTake(ticket, slot)
 //   HvdPrioOverlapPost(ticket, x, slot)      ... gate/allreduce/done/apply ...
 //                                            HvdPrioOverlapLayerDone(ticket, task)
 //                                            HvdPrioOverlapFinish(ticket)
@@ -30,7 +30,7 @@
 // Callbacks run outside the lock.
 //
 // extern "C" hvdprio_overlap_* functions (ctypes, horovod_prio/tensorflow/
-// overlap.py) create channels, flush, fail, close, read counters and drain
+// overlapped.py) create channels, flush, fail, close, read counters and drain
 // trace events (system clock, microseconds: the scheduler's clock).
 #include <algorithm>
 #include <atomic>
