@@ -158,6 +158,31 @@ def qdisc_bytes_sent(ns: str) -> int:
     return int(m.group(1)) if m else 0
 
 
+def stop_process_groups(procs, grace: float = 3.0) -> None:
+    """SIGTERM the process groups of ``procs`` (started with ``start_new_session``),
+    wait up to ``grace`` s in all, then SIGKILL what is left and reap it."""
+    for p in procs:
+        try:
+            os.killpg(p.pid, signal.SIGTERM)
+        except (ProcessLookupError, PermissionError):
+            pass
+    deadline = time.monotonic() + grace
+    for p in procs:
+        try:
+            p.wait(timeout=max(0.0, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            pass
+    for p in procs:
+        try:
+            os.killpg(p.pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
+        try:
+            p.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            pass
+
+
 class ShapedLink:
     """Context manager: a namespace whose ``lo`` is a tbf (+netem) bottleneck.
 
@@ -243,26 +268,7 @@ class ShapedLink:
 
     def kill_processes(self, grace: float = 3.0) -> None:
         live = [p for p in self._procs if p.poll() is None]
-        for p in live:
-            try:
-                os.killpg(p.pid, signal.SIGTERM)
-            except (ProcessLookupError, PermissionError):
-                pass
-        deadline = time.monotonic() + grace
-        for p in live:
-            try:
-                p.wait(timeout=max(0.0, deadline - time.monotonic()))
-            except subprocess.TimeoutExpired:
-                pass
-        for p in live:
-            try:
-                os.killpg(p.pid, signal.SIGKILL)
-            except (ProcessLookupError, PermissionError):
-                pass
-            try:
-                p.wait(timeout=5)
-            except subprocess.TimeoutExpired:
-                pass
+        stop_process_groups(live, grace)
         if self._created:
             kill_namespace_processes(self.name, grace=1.0)
 

@@ -66,7 +66,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from .netns import (HarnessError, kill_namespace_processes, list_namespaces, parse_rate,
-                    parse_time, require_root, require_tools, run_cmd)
+                    parse_time, require_root, require_tools, run_cmd, stop_process_groups)
 
 PREFIX = "hprio-tb-"
 ETC_NETNS = Path("/etc/netns")
@@ -458,26 +458,7 @@ class Testbed:
         still inside any of the testbed's namespaces (except the fabric holder)."""
         with self._lock:
             live = [p for p in self._procs if p.poll() is None]
-        for p in live:
-            try:
-                os.killpg(p.pid, signal.SIGTERM)
-            except (ProcessLookupError, PermissionError):
-                pass
-        deadline = time.monotonic() + grace
-        for p in live:
-            try:
-                p.wait(timeout=max(0.0, deadline - time.monotonic()))
-            except subprocess.TimeoutExpired:
-                pass
-        for p in live:
-            try:
-                os.killpg(p.pid, signal.SIGKILL)
-            except (ProcessLookupError, PermissionError):
-                pass
-            try:
-                p.wait(timeout=5)
-            except subprocess.TimeoutExpired:
-                pass
+        stop_process_groups(live, grace)
         for ns in self._created:
             if ns != self.topology.fabric:
                 kill_namespace_processes(ns, grace=1.0)

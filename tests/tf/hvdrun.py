@@ -4,6 +4,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import threading
 
 import pytest
 
@@ -63,3 +64,25 @@ def check(result):
     assert result.returncode == 0, "exit %s: %s\n%s" % (
         result.returncode, " ".join(result.args), result.stdout[-8000:])
     return result.stdout
+
+
+def run_with_timeout(fn, timeout=60.0, details=None):
+    """Run fn() in a daemon thread; fail (instead of hanging) if it does not finish
+    within ``timeout`` s (``details()`` adds to the message). Returns fn()'s value
+    and re-raises its exception in the calling thread."""
+    box = {}
+
+    def target():
+        try:
+            box["value"] = fn()
+        except BaseException as e:  # re-raised in the test thread
+            box["error"] = e
+
+    t = threading.Thread(target=target, daemon=True)
+    t.start()
+    t.join(timeout)
+    assert not t.is_alive(), "did not finish within %.0f s%s" % (
+        timeout, ": %r" % (details(),) if details else "")
+    if "error" in box:
+        raise box["error"]
+    return box.get("value")

@@ -12,6 +12,7 @@ pytestmark = [pytest.mark.tf_stack, pytest.mark.timeout(120)]
 
 tf = pytest.importorskip("tensorflow")
 
+import hvdrun  # noqa: E402
 from horovod_prio.scheduler import Scheduler  # noqa: E402
 from horovod_prio.tensorflow import ops  # noqa: E402
 
@@ -28,22 +29,8 @@ def fresh_scheduler():
 
 
 def run_with_timeout(fn, timeout=60.0):
-    """Run fn() in a daemon thread; fail (instead of hanging) if it does not finish."""
-    box = {}
-
-    def target():
-        try:
-            box["value"] = fn()
-        except BaseException as e:  # re-raised in the test thread
-            box["error"] = e
-
-    t = threading.Thread(target=target, daemon=True)
-    t.start()
-    t.join(timeout)
-    assert not t.is_alive(), "graph did not finish within %.0f s: %r" % (timeout, SCHED.stats())
-    if "error" in box:
-        raise box["error"]
-    return box.get("value")
+    """hvdrun.run_with_timeout, with the scheduler's stats in the failure message."""
+    return hvdrun.run_with_timeout(fn, timeout, SCHED.stats)
 
 
 def wait_for(pred, timeout=30.0, what="condition"):

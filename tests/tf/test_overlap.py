@@ -29,7 +29,7 @@ import time
 import numpy as np
 import pytest
 
-from hvdrun import CONTROLLERS, HERE, check, horovodrun
+from hvdrun import CONTROLLERS, HERE, check, horovodrun, run_with_timeout
 from horovod_prio.runtime.trace import load_trace
 
 WORKER = os.path.join(HERE, "mp", "overlap_worker.py")
@@ -155,24 +155,6 @@ def tf_env():
     from horovod_prio.tensorflow import overlapped
     hvd.init()
     return tf, hvd, overlapped
-
-
-def run_with_timeout(fn, timeout=60.0):
-    box = {}
-
-    def target():
-        try:
-            box["value"] = fn()
-        except BaseException as e:  # re-raised in the test thread
-            box["error"] = e
-
-    t = threading.Thread(target=target, daemon=True)
-    t.start()
-    t.join(timeout)
-    assert not t.is_alive(), "did not finish within %.0f s" % timeout
-    if "error" in box:
-        raise box["error"]
-    return box.get("value")
 
 
 class _Bg:
