@@ -215,6 +215,8 @@ def build_parser():
     p.add_argument("--steps", type=positive_int, default=20, help="measured steps per job")
     p.add_argument("--warmup", type=positive_int, default=3)
     p.add_argument("--threads", type=positive_int, default=1, help="TF threads per rank")
+    p.add_argument("--inter-threads", type=positive_int, default=None,
+                   help="TF inter-op threads per rank, every variant (default: --threads)")
     p.add_argument("--pin", choices=["job", "rack", "none"], default="job",
                    help="job: both hosts of job i on core i%%ncpu (default; jobs share only the "
                         "uplink); rack: rack A hosts on core 0, rack B on core 1; none")
@@ -296,7 +298,7 @@ def make_jobs(descs: list[dict], args) -> list[ClusterJob]:
         jobs.append(ClusterJob(
             name=f"job{i}", impl="horovod" if d["impl"] == "horovod" else "prio",
             model=d["model"], batch=d["batch"], steps=d["steps"], warmup=args.warmup,
-            threads=args.threads, env=env, start=d["start"], hosts=(ra[i], rb[i]),
+            threads=args.threads, inter_threads=args.inter_threads, env=env, start=d["start"], hosts=(ra[i], rb[i]),
             arbiter=d["impl"] == "arb", job_class=d.get("class")))
     return jobs
 
@@ -891,7 +893,8 @@ def main(argv=None) -> int:
         "git": git_rev(), "ncpu": os.cpu_count(), "loadavg": list(os.getloadavg()),
         "transport": args.transport, "rate": args.rate, "burst": args.burst,
         "latency": args.latency, "model": args.model, "batch": args.batch,
-        "steps": args.steps, "warmup": args.warmup, "threads": args.threads, "pin": args.pin,
+        "steps": args.steps, "warmup": args.warmup, "threads": args.threads,
+        "inter_threads": args.inter_threads or args.threads, "pin": args.pin,
         "repeats": args.repeats, "variants": variants, "jobs": args.job,
         "arbiter_credit": args.arbiter_credit, "arbiter_order": args.arbiter_order,
         "starvation_bound": args.starvation_bound, "subnet": args.subnet,

@@ -74,6 +74,7 @@ class PriorityAllreduce:
         self.config = config
         self.fallback = fallback
         self.device_dense = device_dense
+        self._one = None        # HvdPrioAllreduce usable (decided at first use)
         self.device_sparse = device_sparse
         self.compression = compression or _hvd.Compression.none
         self.sparse_as_dense = sparse_as_dense
@@ -158,6 +159,31 @@ class PriorityAllreduce:
                 out[i] = r
             return out
 
+    def reduce_chunk(self, x, priority, name, abandon_on_cancel=None):
+        """One fused chunk through the scheduler and Horovod's allreduce.
+
+        On CPU: one HvdPrioAllreduce op (released and completed off
+        TensorFlow's inter-op threads, see :func:`ops.allreduce`). Where Horovod
+        builds more than its one allreduce op (ROCm averaging, Adasum) or the
+        tensors may live on a GPU: gate -> hvd.allreduce -> done.
+        """
+        if self._one_op():
+            return ops.allreduce(x, priority, name, self.op, self.prescale, self.postscale,
+                                 self.process_set.process_set_id,
+                                 abandon_on_cancel=abandon_on_cancel)
+        x = ops.gate(x, priority, name, abandon_on_cancel=abandon_on_cancel)
+        x = _hvd.allreduce(x, op=self.op, prescale_factor=self.prescale,
+                           postscale_factor=self.postscale, name=name,
+                           process_set=self.process_set, ignore_name_scope=True)
+        return ops.done(x, name)
+
+    def _one_op(self):
+        if self._one is None:
+            self._one = (self.op in (_hvd.Average, _hvd.Sum) and not _hvd.rocm_built()
+                         and "GPU" not in self.device_dense.upper()
+                         and not tf.config.list_logical_devices("GPU"))
+        return self._one
+
     def _reduce_dense(self, grads, variables):
         runtime = get_runtime()
         runtime.setup(self.config, _hvd.rank(), _hvd.size(), owner=self.name)
@@ -185,11 +211,7 @@ class PriorityAllreduce:
             parts = [flats[s.tensor] if (s.offset, s.length) == (0, flats[s.tensor].shape[0])
                      else flats[s.tensor][s.offset:s.offset + s.length] for s in chunk.segments]
             x = parts[0] if len(parts) == 1 else tf.concat(parts, 0)
-            x = ops.gate(x, priorities[chunk.group], chunk.name)
-            x = _hvd.allreduce(x, op=self.op, prescale_factor=self.prescale,
-                               postscale_factor=self.postscale, name=chunk.name,
-                               process_set=self.process_set, ignore_name_scope=True)
-            reduced.append(ops.done(x, chunk.name))
+            reduced.append(self.reduce_chunk(x, priorities[chunk.group], chunk.name))
         if monitor is not None:
             ops.step_end(monitor.slot, reduced)
         out = []

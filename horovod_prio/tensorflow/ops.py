@@ -8,6 +8,11 @@ step clock's ``hvdprio_tf_*`` functions) on the same path.
 
 Per gradient chunk (on every rank; only rank 0's scheduler holds)::
 
+    y = allreduce(chunk, priority, name, op)   # held until released, then Horovod's
+                                               # allreduce; completes in its callback
+
+or, where that op has no kernel (GPU tensors), the same in three ops::
+
     x = gate(chunk, priority, name)        # held until the scheduler releases it
     y = hvd.allreduce(x, name=name)
     y = done(y, name)                      # frees the chunk's in-flight bytes
@@ -24,8 +29,8 @@ import tensorflow as tf
 
 from horovod_prio.scheduler import BUILD_HINT, SchedulerError, library_path as scheduler_path
 
-__all__ = ["KernelLibraryError", "kernel_library_path", "load", "gate", "done", "step_begin",
-           "step_end", "StepClock", "independent"]
+__all__ = ["KernelLibraryError", "kernel_library_path", "load", "gate", "allreduce", "done",
+           "step_begin", "step_end", "StepClock", "independent"]
 
 _HERE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "kernels")
 _lock = threading.Lock()
@@ -95,6 +100,18 @@ def _register_gradients():
             tf_ops.RegisterGradient(op_type)(_grad)
         except KeyError:  # already registered (module reloaded)
             pass
+
+    def _allreduce_grad(op, grad):
+        # As Horovod's own HorovodAllreduce gradient: the same reduction of grad.
+        from horovod.tensorflow import mpi_ops
+        return [mpi_ops._allreduce(
+            grad, op=op.get_attr("reduce_op"), prescale_factor=op.get_attr("prescale_factor"),
+            postscale_factor=op.get_attr("postscale_factor"),
+            process_set=mpi_ops._temp_process_set_object(op.get_attr("process_set_id"))), None]
+    try:
+        tf_ops.RegisterGradient("HvdPrioAllreduce")(_allreduce_grad)
+    except KeyError:
+        pass
     for op_type in ("HvdPrioStepBegin", "HvdPrioStepEnd"):
         try:
             tf_ops.NotDifferentiable(op_type)
@@ -105,6 +122,15 @@ def _register_gradients():
 def _check_name(name, what):
     if not isinstance(name, str) or not name:
         raise ValueError("%s: name must be a non-empty str, got %r" % (what, name))
+
+
+def _priority_tensor(priority, name, what):
+    if isinstance(priority, bool):
+        raise ValueError("%s(%s): priority must be an int, got %r" % (what, name, priority))
+    if isinstance(priority, int) and not -2**31 <= priority < 2**31:
+        raise ValueError("%s(%s): priority must fit in int32, got %r" % (what, name, priority))
+    return tf.cast(priority, tf.int32) if tf.is_tensor(priority) else tf.constant(
+        priority, dtype=tf.int32)
 
 
 def gate(tensor, priority, name, abandon_on_cancel=None):
@@ -118,16 +144,34 @@ def gate(tensor, priority, name, abandon_on_cancel=None):
     """
     _check_name(name, "gate")
     ops = load()
-    if isinstance(priority, bool):
-        raise ValueError("gate(%s): priority must be an int, got %r" % (name, priority))
-    if isinstance(priority, int) and not -2**31 <= priority < 2**31:
-        raise ValueError("gate(%s): priority must fit in int32, got %r" % (name, priority))
-    priority = tf.cast(priority, tf.int32) if tf.is_tensor(priority) else tf.constant(
-        priority, dtype=tf.int32)
+    priority = _priority_tensor(priority, name, "gate")
     if abandon_on_cancel is None:
         abandon_on_cancel = not tf.executing_eagerly()
     return independent(ops.hvd_prio_gate(tensor, priority, chunk_name=name,
                                          abandon_on_cancel=bool(abandon_on_cancel)))
+
+
+def allreduce(tensor, priority, name, op, prescale_factor=1.0, postscale_factor=1.0,
+              process_set_id=0, abandon_on_cancel=None):
+    """``gate`` + Horovod's allreduce + ``done`` as one op (HvdPrioAllreduce, CPU).
+
+    Held until the scheduler releases chunk ``name``; then Horovod's own
+    ``HorovodAllreduce`` kernel runs on it (tensor name ``name``, reduce op
+    ``op``, the scale factors and process set: what ``hvd.allreduce(...,
+    name=name, ignore_name_scope=True)`` builds, so the arithmetic is Horovod's)
+    from the releasing thread, and the chunk completes in Horovod's callback:
+    a chunk granted while TensorFlow's inter-op threads are busy reaches
+    Horovod at once. ``priority`` and ``abandon_on_cancel`` as for :func:`gate`.
+    """
+    _check_name(name, "allreduce")
+    ops = load()
+    priority = _priority_tensor(priority, name, "allreduce")
+    if abandon_on_cancel is None:
+        abandon_on_cancel = not tf.executing_eagerly()
+    return independent(ops.hvd_prio_allreduce(
+        tensor, priority, chunk_name=name, abandon_on_cancel=bool(abandon_on_cancel),
+        reduce_op=int(op), prescale_factor=float(prescale_factor),
+        postscale_factor=float(postscale_factor), process_set_id=int(process_set_id)))
 
 
 def done(tensor, name):

@@ -122,13 +122,15 @@ def test_trace_next_forward_overlaps_previous_allreduces(controller, tmp_path):
     overlapped = {w["args"]["ticket"] for w in waits if w["args"]["blocked"]
                   and any(a["ts"] < w["ts"] < a["ts"] + a["dur"] for a in allreduce)}
     assert len(overlapped) >= 12, sorted(overlapped)
-    # 2. the input-side layer (the last task in backprop order) was updated first
+    # 2. the input-side layer (the last task in backprop order) was updated first, or
+    #    second behind the layer of the one chunk that found the link empty (the first
+    #    chunk submitted always goes at once, whatever its priority)
     order = collections.defaultdict(list)
     for e in ov:
         if e["args"]["kind"] == "apply":
             order[e["args"]["ticket"]].append(e["args"]["task"])
-    first = [tasks[0] for tasks in order.values()]
-    assert first.count(6) >= 12, order
+    first = [tasks[:2] for tasks in order.values()]
+    assert sum(6 in f for f in first) >= 12, order
     # 3. every release took the highest priority waiting (replayed independently), and the
     #    input-side group (highest priority) overtook others many times
     waiting, overtakes = {}, 0

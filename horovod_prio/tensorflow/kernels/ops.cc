@@ -1,4 +1,7 @@
 // TensorFlow kernels of horovod_prio (the only C++ that knows TensorFlow):
+//   HvdPrioAllreduce (AsyncOpKernel) holds a chunk until the scheduler releases it,
+//                    then runs Horovod's own allreduce kernel on it from the
+//                    releasing thread and completes the chunk in Horovod's callback.
 //   HvdPrioGate      (AsyncOpKernel) holds a chunk until the scheduler releases it.
 //   HvdPrioDone      (OpKernel)      tells the scheduler the chunk's allreduce ended.
 //   HvdPrioStepBegin (OpKernel)      a step starts: time stamp, priority vector out.
@@ -19,10 +22,13 @@
 #include <vector>
 
 #include "scheduler.h"
+#include "tensorflow/core/framework/node_def.pb.h"
+#include "tensorflow/core/framework/node_def_util.h"
 #include "tensorflow/core/framework/op.h"
 #include "tensorflow/core/framework/op_kernel.h"
 #include "tensorflow/core/framework/shape_inference.h"
 #include "tensorflow/core/framework/tensor_shape.h"
+#include "tensorflow/core/public/version.h"
 
 namespace horovod_prio {
 namespace {
@@ -77,6 +83,33 @@ Holds `tensor` until the horovod_prio scheduler releases chunk `chunk_name`
 (priority `priority`, size = tensor bytes), then forwards it unchanged.  With
 `abandon_on_cancel` (gates built in a graph, whose Done runs in the same step)
 a chunk still in flight when the step is cancelled is abandoned.
+)doc");
+
+REGISTER_OP("HvdPrioAllreduce")
+    .Input("tensor: T")
+    .Input("priority: int32")
+    .Output("output: T")
+    .Attr("T: {uint8, int8, int32, int64, half, float, double}")
+    .Attr("chunk_name: string")
+    .Attr("abandon_on_cancel: bool = true")
+    .Attr("reduce_op: int")
+    .Attr("prescale_factor: float")
+    .Attr("postscale_factor: float")
+    .Attr("process_set_id: int = 0")
+    .SetIsStateful()
+    .SetShapeFn([](shape_inference::InferenceContext* c) {
+      shape_inference::ShapeHandle unused;
+      TF_RETURN_IF_ERROR(c->WithRank(c->input(1), 0, &unused));
+      c->set_output(0, c->input(0));
+      return Status();
+    })
+    .Doc(R"doc(
+HvdPrioGate + HorovodAllreduce + HvdPrioDone in one op.  Holds `tensor` until
+the horovod_prio scheduler releases chunk `chunk_name`, then runs Horovod's own
+`HorovodAllreduce` kernel (tensor name `chunk_name`, the given reduce_op,
+scale factors and process set; same arithmetic) from the thread that
+released it, and completes the chunk in Horovod's callback.  Neither the
+release nor the completion waits for a free TensorFlow inter-op thread.
 )doc");
 
 REGISTER_OP("HvdPrioDone")
@@ -242,6 +275,199 @@ class HvdPrioGateOp : public AsyncOpKernel {
   bool abandon_on_cancel_ = true;
 };
 
+// The gate and the allreduce in one kernel.  Why: a chunk released from
+// another thread (a grant from the arbiter, the completion of another chunk)
+// hands its successors to TensorFlow's inter-op pool from outside; a pool
+// thread busy with the backward pass runs them only when its chain of ready
+// ops ends, so with one inter-op thread a granted chunk reached Horovod (and
+// its HvdPrioDone ran) only after the whole backward pass.  Here the releasing
+// thread calls Horovod's kernel itself and Horovod's callback completes the
+// chunk in the scheduler, so credit and grants follow the link, not the
+// executor.  The inner kernel gets this op's context: same input 0 (the
+// tensor), same output 0, and a NodeDef named `chunk_name`, so Horovod sees
+// exactly the tensor, name and attributes hvd.allreduce would give it.
+class HvdPrioAllreduceOp : public AsyncOpKernel {
+ public:
+  explicit HvdPrioAllreduceOp(OpKernelConstruction* c) : AsyncOpKernel(c) {
+    OP_REQUIRES_OK(c, c->GetAttr("chunk_name", &chunk_name_));
+    OP_REQUIRES_OK(c, c->GetAttr("abandon_on_cancel", &abandon_on_cancel_));
+    OP_REQUIRES(c, !chunk_name_.empty(),
+                errors::InvalidArgument("HvdPrioAllreduce: chunk_name must be non-empty"));
+    DataType dtype;
+    int64_t reduce_op, process_set_id;
+    float prescale, postscale;
+    OP_REQUIRES_OK(c, c->GetAttr("T", &dtype));
+    OP_REQUIRES_OK(c, c->GetAttr("reduce_op", &reduce_op));
+    OP_REQUIRES_OK(c, c->GetAttr("prescale_factor", &prescale));
+    OP_REQUIRES_OK(c, c->GetAttr("postscale_factor", &postscale));
+    OP_REQUIRES_OK(c, c->GetAttr("process_set_id", &process_set_id));
+    inner_def_.set_name(chunk_name_);
+    inner_def_.set_op("HorovodAllreduce");
+    inner_def_.add_input("tensor");  // only validated (the kernel reads input 0 of our context)
+    AddNodeAttr("T", dtype, &inner_def_);
+    AddNodeAttr("reduce_op", reduce_op, &inner_def_);
+    AddNodeAttr("prescale_factor", prescale, &inner_def_);
+    AddNodeAttr("postscale_factor", postscale, &inner_def_);
+    AddNodeAttr("ignore_name_scope", true, &inner_def_);
+    AddNodeAttr("process_set_id", process_set_id, &inner_def_);
+  }
+
+  void ComputeAsync(OpKernelContext* ctx, DoneCallback done) override {
+    const Tensor& prio = ctx->input(1);
+    OP_REQUIRES_ASYNC(
+        ctx, TensorShapeUtils::IsScalar(prio.shape()),
+        errors::InvalidArgument("HvdPrioAllreduce(", chunk_name_,
+                                "): priority must be a scalar, got shape ",
+                                prio.shape().DebugString()),
+        done);
+    AsyncOpKernel* inner = nullptr;
+    OP_REQUIRES_OK_ASYNC(ctx, InnerKernel(ctx, &inner), done);
+    const int64_t priority = prio.scalar<int32>()();
+    const int64_t bytes = static_cast<int64_t>(ctx->input(0).TotalBytes());
+
+    // done() runs exactly once: from Horovod's callback once the chunk was
+    // released and reduced (or failed), or, if the step is aborted while the
+    // chunk is held, from the cancellation callback with a Cancelled status.
+    // abandon_on_cancel: as HvdPrioGate (the callback stays registered after
+    // the release; a step failing with the chunk in flight abandons its bytes;
+    // at a normal end it finds the chunk completed).
+    auto st = std::make_shared<State>();
+    st->done = std::move(done);
+    st->name = chunk_name_;
+    st->ctx = ctx;
+    st->inner = inner;
+    CancellationManager* cm = ctx->cancellation_manager();
+    if (cm != nullptr) {
+      const CancellationToken token = cm->get_cancellation_token();
+      if (!abandon_on_cancel_) {
+        st->cm = cm;
+        st->token = token;
+      }
+      const bool registered = cm->RegisterCallback(token, [st]() { st->OnCancel(); });
+      if (!registered) {
+        ctx->SetStatus(errors::Cancelled("HvdPrioAllreduce(", chunk_name_, "): step cancelled"));
+        DoneCallback d = std::move(st->done);
+        d();
+        return;
+      }
+    }
+    const uint64_t ticket = Scheduler::Get().Submit(chunk_name_, priority, bytes,
+                                                    [st]() { st->Launch(); });
+    // From here on ctx may be gone (reduced and done() already ran).
+    bool cancel_now;
+    {
+      std::lock_guard<std::mutex> l(st->mu);
+      st->submitted = true;
+      st->ticket = ticket;
+      cancel_now = st->cancel_requested;
+    }
+    if (cancel_now) st->CancelTicket();
+  }
+
+ private:
+  Status InnerKernel(OpKernelContext* ctx, AsyncOpKernel** out) {
+    std::lock_guard<std::mutex> l(inner_mu_);
+    if (!inner_) {
+      Status s;
+      inner_ = CreateOpKernel(DeviceType(DEVICE_CPU), ctx->device(),
+                              ctx->device()->GetAllocator(AllocatorAttributes()), inner_def_,
+                              TF_GRAPH_DEF_VERSION, &s);
+      if (!s.ok() || !inner_) {
+        inner_.reset();
+        return errors::FailedPrecondition(
+            "HvdPrioAllreduce(", chunk_name_, "): cannot create Horovod's HorovodAllreduce "
+            "kernel (import horovod.tensorflow before running the step): ", s.ToString());
+      }
+      if (inner_->AsAsync() == nullptr) {
+        inner_.reset();
+        return errors::Internal("HvdPrioAllreduce(", chunk_name_,
+                                "): HorovodAllreduce is not an asynchronous kernel");
+      }
+    }
+    *out = inner_->AsAsync();
+    return Status();
+  }
+
+  struct State : std::enable_shared_from_this<State> {
+    std::mutex mu;
+    bool submitted = false;
+    bool cancel_requested = false;
+    uint64_t ticket = 0;
+    std::atomic<int> phase{0};  // 0 held, 1 handed to Horovod, 2 done() called
+    DoneCallback done;
+    std::string name;
+    OpKernelContext* ctx = nullptr;
+    AsyncOpKernel* inner = nullptr;
+    CancellationManager* cm = nullptr;  // set: deregister at the release
+    CancellationToken token = 0;
+
+    void OnCancel() {
+      {
+        std::lock_guard<std::mutex> l(mu);
+        if (!submitted) {
+          cancel_requested = true;
+          return;
+        }
+      }
+      CancelTicket();
+    }
+
+    void CancelTicket() {
+      const CancelResult r = Scheduler::Get().Cancel(ticket);
+      // A held chunk was withdrawn: fail the step.  One in flight was
+      // abandoned (its bytes freed); Horovod still calls back and done() runs then.
+      if (r == CancelResult::kWaiting || r == CancelResult::kRequested) {
+        int held = 0;
+        if (!phase.compare_exchange_strong(held, 2)) return;
+        ctx->SetStatus(errors::Cancelled("HvdPrioAllreduce(", name,
+                                         "): step cancelled while the chunk was "
+                                         "held by the scheduler"));
+        Finish();
+      }
+    }
+
+    // The scheduler released the chunk (any thread; may be inside Submit).
+    void Launch() {
+      int held = 0;
+      if (!phase.compare_exchange_strong(held, 1)) return;
+      if (cm != nullptr) cm->TryDeregisterCallback(token);
+      auto self = shared_from_this();
+      inner->ComputeAsync(ctx, [self]() { self->Reduced(); });
+    }
+
+    // Horovod's callback (its background thread), or the inner kernel
+    // failing before it enqueued: the status is already on ctx.
+    void Reduced() {
+      uint64_t t;
+      {
+        std::lock_guard<std::mutex> l(mu);
+        t = ticket;
+      }
+      // Submit() has returned by now unless the release ran inside it and the
+      // inner kernel failed synchronously; complete by name then.
+      if (t != 0) {
+        Scheduler::Get().CompleteTicket(t);
+      } else {
+        Scheduler::Get().Complete(name);
+      }
+      phase.store(2);
+      Finish();
+    }
+
+    void Finish() {
+      ctx = nullptr;
+      DoneCallback d = std::move(done);
+      d();
+    }
+  };
+
+  std::string chunk_name_;
+  bool abandon_on_cancel_ = true;
+  NodeDef inner_def_;
+  std::mutex inner_mu_;
+  std::unique_ptr<OpKernel> inner_;
+};
+
 class HvdPrioDoneOp : public OpKernel {
  public:
   explicit HvdPrioDoneOp(OpKernelConstruction* c) : OpKernel(c) {
@@ -318,6 +544,8 @@ class HvdPrioStepEndOp : public OpKernel {
 
 // No type constraint: the kernels never touch the data, so any T works.
 REGISTER_KERNEL_BUILDER(Name("HvdPrioGate").Device(DEVICE_CPU), HvdPrioGateOp);
+// CPU only: the inner kernel is Horovod's CPU HorovodAllreduce.
+REGISTER_KERNEL_BUILDER(Name("HvdPrioAllreduce").Device(DEVICE_CPU), HvdPrioAllreduceOp);
 REGISTER_KERNEL_BUILDER(Name("HvdPrioDone").Device(DEVICE_CPU), HvdPrioDoneOp);
 REGISTER_KERNEL_BUILDER(Name("HvdPrioStepBegin").Device(DEVICE_CPU), HvdPrioStepBeginOp);
 REGISTER_KERNEL_BUILDER(Name("HvdPrioStepEnd").Device(DEVICE_CPU), HvdPrioStepEndOp);

@@ -1,7 +1,10 @@
 """Runs under horovodrun: failure paths of the priority path.
 
     failure_worker.py OUT_DIR failed_step   # step FAIL_AT fails on every rank after
-                                            # chunks were released; training goes on
+                                            # chunks were released (gate -> hvd.allreduce
+                                            # -> done path); training goes on
+    failure_worker.py OUT_DIR failed_step_one_op  # the same step fails on every rank
+                                            # before its HvdPrioAllreduce ops run
     failure_worker.py OUT_DIR progress      # Keras fit that reports each step (the test
                                             # kills rank 0 with SIGKILL mid-run)
     failure_worker.py OUT_DIR optimizer     # only builds the optimizer (elastic check)
@@ -45,15 +48,21 @@ def failed_step():
     # scaled by NaN, so every gradient (every chunk) is NaN on every rank and
     # every chunk fails its check: nothing of that step reaches Horovod on any
     # rank (a collective submitted by one rank only would stall Horovod itself).
-    real_allreduce = fusion._hvd.allreduce
+    def checked(real):
+        def call(x, *args, **kwargs):
+            # (independent: tf.function would chain this stateful op in program
+            # order across chunks, against the scheduler's order)
+            x = ops.independent(tf.debugging.check_numerics(x, "injected failure"))
+            return real(x, *args, **kwargs)
+        return call
 
-    def checked_allreduce(x, *args, **kwargs):
-        # (independent: tf.function would chain this stateful op in program
-        # order across chunks, against the scheduler's order)
-        checked = ops.independent(tf.debugging.check_numerics(x, "injected failure"))
-        return real_allreduce(checked, *args, **kwargs)
-
-    fusion._hvd.allreduce = checked_allreduce
+    if MODE == "failed_step":
+        # the three-op path (kept for GPU tensors): fail between gate and Horovod
+        fusion.PriorityAllreduce._one_op = lambda self: False
+        fusion._hvd.allreduce = checked(fusion._hvd.allreduce)
+    else:
+        # one HvdPrioAllreduce per chunk: fail just before it
+        fusion.ops.allreduce = checked(fusion.ops.allreduce)
     model = mlp()
     opt = tf.keras.optimizers.legacy.SGD(learning_rate=0.05)
     loss_fn = tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True)
@@ -112,5 +121,5 @@ def optimizer():
     print("rank %d: optimizer built" % RANK, flush=True)
 
 
-{"failed_step": failed_step, "progress": progress, "optimizer": optimizer}[MODE]()
+{"failed_step": failed_step, "failed_step_one_op": failed_step, "progress": progress, "optimizer": optimizer}[MODE]()
 print("rank %d done" % RANK, flush=True)
