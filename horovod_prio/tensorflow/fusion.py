@@ -159,7 +159,7 @@ class PriorityAllreduce:
                 out[i] = r
             return out
 
-    def reduce_chunk(self, x, priority, name, abandon_on_cancel=None):
+    def reduce_chunk(self, x, priority, name):
         """One fused chunk through the scheduler and Horovod's allreduce.
 
         On CPU: one HvdPrioAllreduce op (released and completed off
@@ -169,9 +169,8 @@ class PriorityAllreduce:
         """
         if self._one_op():
             return ops.allreduce(x, priority, name, self.op, self.prescale, self.postscale,
-                                 self.process_set.process_set_id,
-                                 abandon_on_cancel=abandon_on_cancel)
-        x = ops.gate(x, priority, name, abandon_on_cancel=abandon_on_cancel)
+                                 self.process_set.process_set_id)
+        x = ops.gate(x, priority, name)
         x = _hvd.allreduce(x, op=self.op, prescale_factor=self.prescale,
                            postscale_factor=self.postscale, name=name,
                            process_set=self.process_set, ignore_name_scope=True)

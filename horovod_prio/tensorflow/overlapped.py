@@ -406,17 +406,13 @@ class _Pipeline:
         meta = [take(ticket, i, d, s) for i, (_, d, s) in enumerate(self.meta)]
         iterations, priorities = meta[0], meta[1]
         hypers = {n: t for (n, _), t in zip(self.hypers, meta[2:])}
-        reduced = [None] * len(self.plan.chunks)
+        reduced = []
         with tf.device(base.device_dense):
-            # Every chunk of the step is here at once: built input side first
-            # (the highest priority, boosted or not), so the executor submits it
-            # first and it takes the empty link (the first chunk always goes).
-            for c in reversed(range(len(self.plan.chunks))):
-                chunk = self.plan.chunks[c]
+            for c, chunk in enumerate(self.plan.chunks):
                 x = take(ticket, self.chunk_slot0 + c, tf.as_dtype(chunk.dtype), [chunk.nelems])
                 if self.size > 1:
                     x = base.reduce_chunk(x, priorities[chunk.group], chunk.name)
-                reduced[c] = x
+                reduced.append(x)
             pieces = self.plan.pieces()
             grads = []
             for t, (shape, ctx) in enumerate(zip(self.shapes, self.ctxs)):

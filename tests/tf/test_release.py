@@ -35,3 +35,22 @@ def test_three_op_path_waits_for_the_executor(tmp_path):
     r0, r1 = run("three_ops", "gloo", tmp_path)
     assert not r0["completed_while_busy"], r0["stats"]
     assert r0["y"] == r1["y"] == [3.0] * 4
+
+
+def test_bad_inputs_name_the_chunk():
+    import tensorflow as tf
+    from horovod_prio.tensorflow import ops
+    x = tf.ones([4])
+    with pytest.raises(ValueError, match="allreduce: name"):
+        ops.allreduce(x, 1, "", 1)
+    with pytest.raises(ValueError, match=r"allreduce\(c0\): priority must fit in int32"):
+        ops.allreduce(x, 2**40, "c0", 1)
+    with pytest.raises(ValueError, match=r'rank 0 .*chunk_name="c0"|chunk_name="c0".*rank 0'):
+        tf.function(lambda t: ops.allreduce(t, tf.constant([1, 2]), "c0", 1))(x)
+    # a priority of unknown shape reaches the kernel
+    f = tf.function(lambda t, p: ops.allreduce(t, p, "c0", 1),
+                    input_signature=[tf.TensorSpec([4]), tf.TensorSpec(None, tf.int32)])
+    with pytest.raises(tf.errors.InvalidArgumentError,
+                       match=r"HvdPrioAllreduce\(c0\): priority must be a scalar"):
+        f(x, tf.constant([1, 2]))
+

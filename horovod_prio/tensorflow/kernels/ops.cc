@@ -376,7 +376,7 @@ class HvdPrioAllreduceOp : public AsyncOpKernel {
         inner_.reset();
         return errors::FailedPrecondition(
             "HvdPrioAllreduce(", chunk_name_, "): cannot create Horovod's HorovodAllreduce "
-            "kernel (import horovod.tensorflow before running the step): ", s.ToString());
+            "kernel (is horovod.tensorflow's op library loaded?): ", s.ToString());
       }
       if (inner_->AsAsync() == nullptr) {
         inner_.reset();
