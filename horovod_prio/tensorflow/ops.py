@@ -168,10 +168,13 @@ def allreduce(tensor, priority, name, op, prescale_factor=1.0, postscale_factor=
     priority = _priority_tensor(priority, name, "allreduce")
     if abandon_on_cancel is None:
         abandon_on_cancel = not tf.executing_eagerly()
+    # The node is named after the chunk: Horovod's tensor name is that name
+    # without its scope, uniquified by TensorFlow as hvd.allreduce's would be.
     return independent(ops.hvd_prio_allreduce(
         tensor, priority, chunk_name=name, abandon_on_cancel=bool(abandon_on_cancel),
         reduce_op=int(op), prescale_factor=float(prescale_factor),
-        postscale_factor=float(postscale_factor), process_set_id=int(process_set_id)))
+        postscale_factor=float(postscale_factor), process_set_id=int(process_set_id),
+        name=name))
 
 
 def done(tensor, name):

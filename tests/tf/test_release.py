@@ -31,6 +31,13 @@ def test_granted_chunk_completes_while_the_executor_is_busy(controller, tmp_path
     assert r0["stats"]["completed"] == 1 and r0["stats"]["unknown_completions"] == 0
 
 
+def test_one_graph_may_hold_a_chunk_twice(tmp_path):
+    # Horovod's tensor name is the node's, uniquified by TensorFlow, as with hvd.allreduce
+    r0, r1 = run("twice", "gloo", tmp_path)
+    assert r0["a"] == r1["a"] == [3.0] * 4 and r0["b"] == r1["b"] == [6.0] * 4
+    assert r0["stats"]["completed"] == 2 and r0["stats"]["unknown_completions"] == 0
+
+
 def test_three_op_path_waits_for_the_executor(tmp_path):
     r0, r1 = run("three_ops", "gloo", tmp_path)
     assert not r0["completed_while_busy"], r0["stats"]

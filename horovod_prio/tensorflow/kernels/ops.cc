@@ -106,7 +106,8 @@ REGISTER_OP("HvdPrioAllreduce")
     .Doc(R"doc(
 HvdPrioGate + HorovodAllreduce + HvdPrioDone in one op.  Holds `tensor` until
 the horovod_prio scheduler releases chunk `chunk_name`, then runs Horovod's own
-`HorovodAllreduce` kernel (tensor name `chunk_name`, the given reduce_op,
+`HorovodAllreduce` kernel (tensor name: this node's name without its scope when
+it starts with `chunk_name`, else `chunk_name`; the given reduce_op,
 scale factors and process set; same arithmetic) from the thread that
 released it, and completes the chunk in Horovod's callback.  Neither the
 release nor the completion waits for a free TensorFlow inter-op thread.
@@ -301,7 +302,16 @@ class HvdPrioAllreduceOp : public AsyncOpKernel {
     OP_REQUIRES_OK(c, c->GetAttr("prescale_factor", &prescale));
     OP_REQUIRES_OK(c, c->GetAttr("postscale_factor", &postscale));
     OP_REQUIRES_OK(c, c->GetAttr("process_set_id", &process_set_id));
-    inner_def_.set_name(chunk_name_);
+    // Horovod's tensor name, as its own op with ignore_name_scope would take
+    // it: this node's name without its scope.  The binding names the node
+    // after the chunk, so that is the chunk name, or the chunk name with
+    // TensorFlow's "_N" suffix when one graph holds the chunk twice (two
+    // collectives that must not share a name).  Otherwise (eager) the chunk name.
+    std::string node = c->def().name();
+    const size_t slash = node.rfind('/');
+    if (slash != std::string::npos) node = node.substr(slash + 1);
+    inner_def_.set_name(node.compare(0, chunk_name_.size(), chunk_name_) == 0 ? node
+                                                                                : chunk_name_);
     inner_def_.set_op("HorovodAllreduce");
     inner_def_.add_input("tensor");  // only validated (the kernel reads input 0 of our context)
     AddNodeAttr("T", dtype, &inner_def_);

@@ -3,7 +3,8 @@ horovodrun -np 2).
 
 argv: MODE OUT_DIR. MODE ``one_op`` reduces the chunk with
 ``ops.allreduce`` (HvdPrioAllreduce), ``three_ops`` with gate ->
-hvd.allreduce -> done (the path GPU tensors keep).
+hvd.allreduce -> done (the path GPU tensors keep); ``twice`` only reduces the
+same chunk twice in one graph.
 
 With one inter-op thread: call 1 (a background Python thread) runs the
 chunk's op; rank 0 holds it (external grant mode) until it is requested.
@@ -29,13 +30,25 @@ from horovod_prio.scheduler import UNLIMITED, Scheduler  # noqa: E402
 from horovod_prio.tensorflow import ops  # noqa: E402
 
 MODE, OUT = sys.argv[1], sys.argv[2]
-BUSY_SECONDS = {"one_op": 60.0, "three_ops": 3.0}[MODE]
 
 hvd.init()
 rank = hvd.rank()
 sched = Scheduler.process()
 sched.reset()
 sched.set_tracing(True)
+
+if MODE == "twice":
+    # One graph holding the same chunk twice: two collectives, two Horovod names.
+    sched.configure(credit_bytes=UNLIMITED, hold=False)
+    t = tf.constant([float(rank + 1)] * 1024)
+    a, b = tf.function(lambda t: (ops.allreduce(t, 5, "chunk0", hvd.Sum),
+                                  ops.allreduce(2 * t, 5, "chunk0", hvd.Sum)))(t)
+    with open(os.path.join(OUT, "rank%d.json" % rank), "w") as f:
+        json.dump({"a": a.numpy().tolist()[:4], "b": b.numpy().tolist()[:4],
+                   "stats": sched.stats()}, f)
+    sys.exit(0)
+
+BUSY_SECONDS = {"one_op": 60.0, "three_ops": 3.0}[MODE]
 if rank == 0:
     sched.configure(credit_bytes=0, hold=True)
     sched.set_external_grant(True)          # requests queue for take_requests()
