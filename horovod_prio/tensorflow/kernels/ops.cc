@@ -153,6 +153,104 @@ The step of monitor `slot` has its gradients reduced (run it after them with
 control dependencies): records the time and wakes the monitor.
 )doc");
 
+// A chunk held by the scheduler until it releases it: the part HvdPrioGate
+// and HvdPrioAllreduce share.  done() runs exactly once: after Released()
+// (the kernel decides when), or, if the step is aborted while the chunk is
+// held, from the cancellation callback with a Cancelled status.
+//
+// With abandon_on_cancel the cancellation callback stays registered after
+// the release: if the step fails after this chunk was released (its
+// allreduce errors, a rank dies, another op fails), the executor cancels the
+// step and the callback abandons the chunk, so its bytes do not stay "in
+// flight" for ever and the next step has the full credit.  When the step
+// ends normally the callback runs as the step's cancellation manager is
+// destroyed and finds the chunk completed (nothing to do).  Without it (an
+// eager gate: its Done is another op, run after this op's manager is gone)
+// the callback is deregistered at the release.
+struct HeldChunk : std::enable_shared_from_this<HeldChunk> {
+  using DoneCallback = AsyncOpKernel::DoneCallback;
+  std::mutex mu;
+  bool submitted = false;
+  bool cancel_requested = false;
+  uint64_t ticket = 0;
+  std::atomic<int> phase{0};  // 0 held, 1 released, 2 done() called or due
+  DoneCallback done;
+  std::string what;  // "HvdPrioGate(<chunk>)" / "HvdPrioAllreduce(<chunk>)"
+  std::string name;
+  OpKernelContext* ctx = nullptr;
+  CancellationManager* cm = nullptr;  // set: deregister at the release
+  CancellationToken token = 0;
+
+  virtual ~HeldChunk() = default;
+  // The scheduler released the chunk (once; any thread, maybe inside Submit).
+  virtual void Released() = 0;
+
+  // Registers the cancellation callback and submits; ctx may be gone on return.
+  void Hold(OpKernelContext* c, DoneCallback d, bool abandon_on_cancel, int64_t priority,
+            int64_t bytes) {
+    done = std::move(d);
+    ctx = c;
+    auto self = shared_from_this();
+    CancellationManager* m = c->cancellation_manager();
+    if (m != nullptr) {
+      const CancellationToken t = m->get_cancellation_token();
+      if (!abandon_on_cancel) {
+        cm = m;
+        token = t;
+      }
+      if (!m->RegisterCallback(t, [self]() { self->OnCancel(); })) {
+        // the step is already being cancelled
+        c->SetStatus(errors::Cancelled(what, ": step cancelled"));
+        Finish();
+        return;
+      }
+    }
+    const uint64_t tk = Scheduler::Get().Submit(name, priority, bytes, [self]() {
+      int held = 0;
+      if (!self->phase.compare_exchange_strong(held, 1)) return;
+      if (self->cm != nullptr) self->cm->TryDeregisterCallback(self->token);
+      self->Released();
+    });
+    bool cancel_now;
+    {
+      std::lock_guard<std::mutex> l(mu);
+      submitted = true;
+      ticket = tk;
+      cancel_now = cancel_requested;
+    }
+    if (cancel_now) CancelTicket();
+  }
+
+  void OnCancel() {
+    {
+      std::lock_guard<std::mutex> l(mu);
+      if (!submitted) {  // Submit() has not returned yet: it will cancel
+        cancel_requested = true;
+        return;
+      }
+    }
+    CancelTicket();
+  }
+
+  void CancelTicket() {
+    const CancelResult r = Scheduler::Get().Cancel(ticket);
+    // A waiting/requested chunk was withdrawn: fail the step.  An in-flight
+    // one was abandoned (its bytes freed): the kernel finishes as released.
+    if (r != CancelResult::kWaiting && r != CancelResult::kRequested) return;
+    int held = 0;
+    if (!phase.compare_exchange_strong(held, 2)) return;
+    ctx->SetStatus(errors::Cancelled(what, ": step cancelled while the chunk was held by "
+                                     "the scheduler"));
+    Finish();
+  }
+
+  void Finish() {
+    ctx = nullptr;
+    DoneCallback d = std::move(done);
+    d();
+  }
+};
+
 class HvdPrioGateOp : public AsyncOpKernel {
  public:
   explicit HvdPrioGateOp(OpKernelConstruction* c) : AsyncOpKernel(c) {
@@ -175,101 +273,17 @@ class HvdPrioGateOp : public AsyncOpKernel {
     // The output is the input buffer (no copy).  Setting it now, on the TF
     // thread, is invisible downstream until done() runs.
     ctx->set_output(0, ctx->input(0));
-
-    // done() runs exactly once: from whichever thread releases the chunk
-    // (this one if it may go at once, a HvdPrioDone kernel, a Grant() caller)
-    // or, if the step is aborted while the chunk is held, from the
-    // cancellation callback with a Cancelled status.
-    //
-    // With abandon_on_cancel the cancellation callback stays registered after
-    // the release: if the step fails after this chunk was released (its
-    // allreduce errors, a rank dies, another op fails), the executor cancels
-    // the step and the callback abandons the chunk, so its bytes do not stay
-    // "in flight" for ever and the next step has the full credit.  When the
-    // step ends normally the callback runs as the step's cancellation manager
-    // is destroyed and finds the chunk completed (nothing to do).  Without it
-    // (an eager gate: its Done is another op, run after this op's manager is
-    // gone) the callback is deregistered at the release.
-    auto st = std::make_shared<GateState>();
-    st->done = std::move(done);
+    // Released: done() at once (from whichever thread released the chunk:
+    // this one if it may go at once, a HvdPrioDone kernel, a Grant() caller).
+    auto st = std::make_shared<Gate>();
+    st->what = "HvdPrioGate(" + chunk_name_ + ")";
     st->name = chunk_name_;
-    st->ctx = ctx;
-    CancellationManager* cm = ctx->cancellation_manager();
-    if (cm != nullptr) {
-      const CancellationToken token = cm->get_cancellation_token();
-      if (!abandon_on_cancel_) {
-        st->cm = cm;
-        st->token = token;
-      }
-      const bool registered = cm->RegisterCallback(token, [st]() { st->OnCancel(); });
-      if (!registered) {  // the step is already being cancelled
-        ctx->SetStatus(errors::Cancelled("HvdPrioGate(", chunk_name_, "): step cancelled"));
-        DoneCallback d = std::move(st->done);
-        d();
-        return;
-      }
-    }
-    const uint64_t ticket = Scheduler::Get().Submit(
-        chunk_name_, priority, bytes, [st]() { st->Finish(/*cancelled=*/false); });
-    // From here on ctx may be gone (released and done() already ran).
-    bool cancel_now;
-    {
-      std::lock_guard<std::mutex> l(st->mu);
-      st->submitted = true;
-      st->ticket = ticket;
-      cancel_now = st->cancel_requested;
-    }
-    if (cancel_now) st->CancelTicket();
+    st->Hold(ctx, std::move(done), abandon_on_cancel_, priority, bytes);
   }
 
  private:
-  struct GateState {
-    std::mutex mu;
-    bool submitted = false;
-    bool cancel_requested = false;
-    uint64_t ticket = 0;
-    std::atomic<bool> finished{false};
-    DoneCallback done;
-    std::string name;
-    OpKernelContext* ctx = nullptr;
-    CancellationManager* cm = nullptr;  // set: deregister at the release
-    CancellationToken token = 0;
-
-    void OnCancel() {
-      {
-        std::lock_guard<std::mutex> l(mu);
-        if (!submitted) {  // Submit() has not returned yet: it will cancel
-          cancel_requested = true;
-          return;
-        }
-      }
-      CancelTicket();
-    }
-
-    void CancelTicket() {
-      const CancelResult r = Scheduler::Get().Cancel(ticket);
-      // A waiting/requested chunk was withdrawn: the gate fails the step.  An
-      // in-flight one was abandoned (the gate already finished): nothing else.
-      if (r == CancelResult::kWaiting || r == CancelResult::kRequested) Finish(true);
-    }
-
-    void Finish(bool cancelled) {
-      if (finished.exchange(true)) return;
-      if (!cancelled && cm != nullptr) {
-        // Non-blocking; fails harmlessly if cancellation is under way (its
-        // callback then finds the chunk released and abandons it: the step
-        // is failing anyway).
-        cm->TryDeregisterCallback(token);
-      }
-      if (cancelled) {
-        ctx->SetStatus(errors::Cancelled("HvdPrioGate(", name,
-                                         "): step cancelled while the chunk was "
-                                         "held by the scheduler"));
-      }
-      ctx = nullptr;
-      DoneCallback d = std::move(done);
-      d();
-    }
+  struct Gate : HeldChunk {
+    void Released() override { Finish(); }
   };
 
   std::string chunk_name_;
@@ -334,44 +348,13 @@ class HvdPrioAllreduceOp : public AsyncOpKernel {
     OP_REQUIRES_OK_ASYNC(ctx, InnerKernel(ctx, &inner), done);
     const int64_t priority = prio.scalar<int32>()();
     const int64_t bytes = static_cast<int64_t>(ctx->input(0).TotalBytes());
-
-    // done() runs exactly once: from Horovod's callback once the chunk was
-    // released and reduced (or failed), or, if the step is aborted while the
-    // chunk is held, from the cancellation callback with a Cancelled status.
-    // abandon_on_cancel: as HvdPrioGate (the callback stays registered after
-    // the release; a step failing with the chunk in flight abandons its bytes;
-    // at a normal end it finds the chunk completed).
-    auto st = std::make_shared<State>();
-    st->done = std::move(done);
+    // Released: Horovod's kernel runs; done() from Horovod's callback once the
+    // chunk was reduced (or failed).  A chunk abandoned in flight still ends there.
+    auto st = std::make_shared<Allreduce>();
+    st->what = "HvdPrioAllreduce(" + chunk_name_ + ")";
     st->name = chunk_name_;
-    st->ctx = ctx;
     st->inner = inner;
-    CancellationManager* cm = ctx->cancellation_manager();
-    if (cm != nullptr) {
-      const CancellationToken token = cm->get_cancellation_token();
-      if (!abandon_on_cancel_) {
-        st->cm = cm;
-        st->token = token;
-      }
-      const bool registered = cm->RegisterCallback(token, [st]() { st->OnCancel(); });
-      if (!registered) {
-        ctx->SetStatus(errors::Cancelled("HvdPrioAllreduce(", chunk_name_, "): step cancelled"));
-        DoneCallback d = std::move(st->done);
-        d();
-        return;
-      }
-    }
-    const uint64_t ticket = Scheduler::Get().Submit(chunk_name_, priority, bytes,
-                                                    [st]() { st->Launch(); });
-    // From here on ctx may be gone (reduced and done() already ran).
-    bool cancel_now;
-    {
-      std::lock_guard<std::mutex> l(st->mu);
-      st->submitted = true;
-      st->ticket = ticket;
-      cancel_now = st->cancel_requested;
-    }
-    if (cancel_now) st->CancelTicket();
+    st->Hold(ctx, std::move(done), abandon_on_cancel_, priority, bytes);
   }
 
  private:
@@ -398,50 +381,11 @@ class HvdPrioAllreduceOp : public AsyncOpKernel {
     return Status();
   }
 
-  struct State : std::enable_shared_from_this<State> {
-    std::mutex mu;
-    bool submitted = false;
-    bool cancel_requested = false;
-    uint64_t ticket = 0;
-    std::atomic<int> phase{0};  // 0 held, 1 handed to Horovod, 2 done() called
-    DoneCallback done;
-    std::string name;
-    OpKernelContext* ctx = nullptr;
+  struct Allreduce : HeldChunk {
     AsyncOpKernel* inner = nullptr;
-    CancellationManager* cm = nullptr;  // set: deregister at the release
-    CancellationToken token = 0;
 
-    void OnCancel() {
-      {
-        std::lock_guard<std::mutex> l(mu);
-        if (!submitted) {
-          cancel_requested = true;
-          return;
-        }
-      }
-      CancelTicket();
-    }
-
-    void CancelTicket() {
-      const CancelResult r = Scheduler::Get().Cancel(ticket);
-      // A held chunk was withdrawn: fail the step.  One in flight was
-      // abandoned (its bytes freed); Horovod still calls back and done() runs then.
-      if (r == CancelResult::kWaiting || r == CancelResult::kRequested) {
-        int held = 0;
-        if (!phase.compare_exchange_strong(held, 2)) return;
-        ctx->SetStatus(errors::Cancelled("HvdPrioAllreduce(", name,
-                                         "): step cancelled while the chunk was "
-                                         "held by the scheduler"));
-        Finish();
-      }
-    }
-
-    // The scheduler released the chunk (any thread; may be inside Submit).
-    void Launch() {
-      int held = 0;
-      if (!phase.compare_exchange_strong(held, 1)) return;
-      if (cm != nullptr) cm->TryDeregisterCallback(token);
-      auto self = shared_from_this();
+    void Released() override {
+      auto self = std::static_pointer_cast<Allreduce>(shared_from_this());
       inner->ComputeAsync(ctx, [self]() { self->Reduced(); });
     }
 
@@ -462,12 +406,6 @@ class HvdPrioAllreduceOp : public AsyncOpKernel {
       }
       phase.store(2);
       Finish();
-    }
-
-    void Finish() {
-      ctx = nullptr;
-      DoneCallback d = std::move(done);
-      d();
     }
   };
 
