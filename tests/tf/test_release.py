@@ -31,6 +31,24 @@ def test_granted_chunk_completes_while_the_executor_is_busy(controller, tmp_path
     assert r0["stats"]["completed"] == 1 and r0["stats"]["unknown_completions"] == 0
 
 
+@pytest.mark.parametrize("controller", CONTROLLERS)
+def test_chunk_op_runs_inline_not_behind_the_backward_chain(controller, tmp_path):
+    """With one inter-op thread, an op queued on TensorFlow's pool waits for the
+    whole inline chain (the backward pass); HvdPrioAllreduce is cheap to start,
+    so the executor runs it inline and the chunk completes during the chain."""
+    r0, r1 = run("inline", controller, tmp_path)
+    for r in (r0, r1):
+        assert r["completed_during_chain"][-1], r
+    assert r0["y"] == r1["y"] == [3.0] * 4
+
+
+def test_horovod_allreduce_op_waits_behind_the_chain(tmp_path):
+    # the control: the same graph with Horovod's own op starves until the chain ends
+    r0, r1 = run("inline_three_ops", "gloo", tmp_path)
+    assert not any(r0["completed_during_chain"]), r0
+    assert r0["y"] == r1["y"] == [3.0] * 4
+
+
 def test_one_graph_may_hold_a_chunk_twice(tmp_path):
     # Horovod's tensor name is the node's, uniquified by TensorFlow, as with hvd.allreduce
     r0, r1 = run("twice", "gloo", tmp_path)

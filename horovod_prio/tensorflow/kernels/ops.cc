@@ -260,6 +260,12 @@ class HvdPrioGateOp : public AsyncOpKernel {
                 errors::InvalidArgument("HvdPrioGate: chunk_name must be non-empty"));
   }
 
+  // Cheap to start (it submits the chunk and returns; the data moves later),
+  // so the executor runs it inline as soon as its input exists instead of
+  // queueing it on the inter-op pool, where with one inter-op thread it would
+  // wait for the rest of the backward pass (docs/bench.md).
+  bool IsExpensive() override { return false; }
+
   void ComputeAsync(OpKernelContext* ctx, DoneCallback done) override {
     const Tensor& prio = ctx->input(1);
     OP_REQUIRES_ASYNC(
@@ -335,6 +341,12 @@ class HvdPrioAllreduceOp : public AsyncOpKernel {
     AddNodeAttr("ignore_name_scope", true, &inner_def_);
     AddNodeAttr("process_set_id", process_set_id, &inner_def_);
   }
+
+  // Cheap to start (it submits the chunk and returns; the data moves later),
+  // so the executor runs it inline as soon as its input exists instead of
+  // queueing it on the inter-op pool, where with one inter-op thread it would
+  // wait for the rest of the backward pass (docs/bench.md).
+  bool IsExpensive() override { return false; }
 
   void ComputeAsync(OpKernelContext* ctx, DoneCallback done) override {
     const Tensor& prio = ctx->input(1);

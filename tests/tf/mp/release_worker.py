@@ -4,7 +4,9 @@ horovodrun -np 2).
 argv: MODE OUT_DIR. MODE ``one_op`` reduces the chunk with
 ``ops.allreduce`` (HvdPrioAllreduce), ``three_ops`` with gate ->
 hvd.allreduce -> done (the path GPU tensors keep); ``twice`` only reduces the
-same chunk twice in one graph.
+same chunk twice in one graph; ``inline`` / ``inline_three_ops`` check that
+the chunk's op runs inline, before a chain of cheap ops ready at the same time
+ends (below).
 
 With one inter-op thread: call 1 (a background Python thread) runs the
 chunk's op; rank 0 holds it (external grant mode) until it is requested.
@@ -45,6 +47,47 @@ if MODE == "twice":
                                   ops.allreduce(2 * t, 5, "chunk0", hvd.Sum)))(t)
     with open(os.path.join(OUT, "rank%d.json" % rank), "w") as f:
         json.dump({"a": a.numpy().tolist()[:4], "b": b.numpy().tolist()[:4],
+                   "stats": sched.stats()}, f)
+    sys.exit(0)
+
+if MODE in ("inline", "inline_three_ops"):
+    # The chunk's input and a chain of cheap ops become ready together; a
+    # py_function after the chain holds the only inter-op thread until the
+    # chunk completes (or 5 s). HvdPrioAllreduce is cheap to start, so the
+    # executor runs it inline before the chain ends; Horovod's own allreduce
+    # op (three-op path) is queued on the pool behind the chain and cannot
+    # run before the py_function returns. Every rank releases at once.
+    sched.configure(credit_bytes=UNLIMITED, hold=False)
+    calls = []
+
+    def poll_completion(_):
+        deadline = time.time() + 5.0
+        while time.time() < deadline:
+            if sched.stats()["completed"] >= len(calls) + 1:
+                return True
+            time.sleep(0.005)
+        return False
+
+    @tf.function
+    def step(t):
+        m = t * 1.0
+        if MODE == "inline":
+            y = ops.allreduce(m, 5, "chunk0", hvd.Sum)
+        else:
+            y = ops.gate(m, 5, "chunk0")
+            y = ops.done(hvd.allreduce(y, op=hvd.Sum, name="chunk0", ignore_name_scope=True),
+                         "chunk0")
+        z = tf.reduce_sum(m)
+        for _ in range(200):
+            z = z * 1.0001 + 1.0
+        return y, tf.py_function(poll_completion, [z], tf.bool)
+
+    x = tf.constant([float(rank + 1)] * 1024)
+    for _ in range(3):   # the executor learns which kernels are cheap in the first calls
+        y, during = step(x)
+        calls.append(bool(during.numpy()))
+    with open(os.path.join(OUT, "rank%d.json" % rank), "w") as f:
+        json.dump({"completed_during_chain": calls, "y": y.numpy().tolist()[:4],
                    "stats": sched.stats()}, f)
     sys.exit(0)
 
