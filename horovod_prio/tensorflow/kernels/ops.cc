@@ -251,13 +251,16 @@ struct HeldChunk : std::enable_shared_from_this<HeldChunk> {
   }
 };
 
-class HvdPrioGateOp : public AsyncOpKernel {
+// What HvdPrioGate and HvdPrioAllreduce share: the chunk's attributes, its
+// priority input, how a HeldChunk is handed to the scheduler, and that the
+// kernel is cheap to start.
+class HeldChunkKernel : public AsyncOpKernel {
  public:
-  explicit HvdPrioGateOp(OpKernelConstruction* c) : AsyncOpKernel(c) {
+  HeldChunkKernel(OpKernelConstruction* c, const char* op) : AsyncOpKernel(c), op_(op) {
     OP_REQUIRES_OK(c, c->GetAttr("chunk_name", &chunk_name_));
     OP_REQUIRES_OK(c, c->GetAttr("abandon_on_cancel", &abandon_on_cancel_));
     OP_REQUIRES(c, !chunk_name_.empty(),
-                errors::InvalidArgument("HvdPrioGate: chunk_name must be non-empty"));
+                errors::InvalidArgument(op, ": chunk_name must be non-empty"));
   }
 
   // Cheap to start (it submits the chunk and returns; the data moves later),
@@ -266,34 +269,55 @@ class HvdPrioGateOp : public AsyncOpKernel {
   // wait for the rest of the backward pass (docs/bench.md).
   bool IsExpensive() override { return false; }
 
-  void ComputeAsync(OpKernelContext* ctx, DoneCallback done) override {
+ protected:
+  // The scalar priority input; false: the op failed and done() has run.
+  bool ReadPriority(OpKernelContext* ctx, const DoneCallback& done, int64_t* priority) {
     const Tensor& prio = ctx->input(1);
-    OP_REQUIRES_ASYNC(
-        ctx, TensorShapeUtils::IsScalar(prio.shape()),
-        errors::InvalidArgument("HvdPrioGate(", chunk_name_,
-                                "): priority must be a scalar, got shape ",
-                                prio.shape().DebugString()),
-        done);
-    const int64_t priority = prio.scalar<int32>()();
+    if (!TensorShapeUtils::IsScalar(prio.shape())) {
+      ctx->CtxFailure(__FILE__, __LINE__,
+                      errors::InvalidArgument(op_, "(", chunk_name_,
+                                              "): priority must be a scalar, got shape ",
+                                              prio.shape().DebugString()));
+      done();
+      return false;
+    }
+    *priority = prio.scalar<int32>()();
+    return true;
+  }
+
+  // Names `st` after this op's chunk and submits it (ctx may be gone on return).
+  void Hold(OpKernelContext* ctx, DoneCallback done, std::shared_ptr<HeldChunk> st,
+            int64_t priority) {
+    st->what = op_ + "(" + chunk_name_ + ")";
+    st->name = chunk_name_;
     const int64_t bytes = static_cast<int64_t>(ctx->input(0).TotalBytes());
+    st->Hold(ctx, std::move(done), abandon_on_cancel_, priority, bytes);
+  }
+
+  const std::string op_;
+  std::string chunk_name_;
+  bool abandon_on_cancel_ = true;
+};
+
+class HvdPrioGateOp : public HeldChunkKernel {
+ public:
+  explicit HvdPrioGateOp(OpKernelConstruction* c) : HeldChunkKernel(c, "HvdPrioGate") {}
+
+  void ComputeAsync(OpKernelContext* ctx, DoneCallback done) override {
+    int64_t priority;
+    if (!ReadPriority(ctx, done, &priority)) return;
     // The output is the input buffer (no copy).  Setting it now, on the TF
     // thread, is invisible downstream until done() runs.
     ctx->set_output(0, ctx->input(0));
     // Released: done() at once (from whichever thread released the chunk:
     // this one if it may go at once, a HvdPrioDone kernel, a Grant() caller).
-    auto st = std::make_shared<Gate>();
-    st->what = "HvdPrioGate(" + chunk_name_ + ")";
-    st->name = chunk_name_;
-    st->Hold(ctx, std::move(done), abandon_on_cancel_, priority, bytes);
+    Hold(ctx, std::move(done), std::make_shared<Gate>(), priority);
   }
 
  private:
   struct Gate : HeldChunk {
     void Released() override { Finish(); }
   };
-
-  std::string chunk_name_;
-  bool abandon_on_cancel_ = true;
 };
 
 // The gate and the allreduce in one kernel.  Why: a chunk released from
@@ -307,13 +331,11 @@ class HvdPrioGateOp : public AsyncOpKernel {
 // executor.  The inner kernel gets this op's context: same input 0 (the
 // tensor), same output 0, and a NodeDef named `chunk_name`, so Horovod sees
 // exactly the tensor, name and attributes hvd.allreduce would give it.
-class HvdPrioAllreduceOp : public AsyncOpKernel {
+class HvdPrioAllreduceOp : public HeldChunkKernel {
  public:
-  explicit HvdPrioAllreduceOp(OpKernelConstruction* c) : AsyncOpKernel(c) {
-    OP_REQUIRES_OK(c, c->GetAttr("chunk_name", &chunk_name_));
-    OP_REQUIRES_OK(c, c->GetAttr("abandon_on_cancel", &abandon_on_cancel_));
-    OP_REQUIRES(c, !chunk_name_.empty(),
-                errors::InvalidArgument("HvdPrioAllreduce: chunk_name must be non-empty"));
+  explicit HvdPrioAllreduceOp(OpKernelConstruction* c)
+      : HeldChunkKernel(c, "HvdPrioAllreduce") {
+    if (!c->status().ok()) return;
     DataType dtype;
     int64_t reduce_op, process_set_id;
     float prescale, postscale;
@@ -342,31 +364,16 @@ class HvdPrioAllreduceOp : public AsyncOpKernel {
     AddNodeAttr("process_set_id", process_set_id, &inner_def_);
   }
 
-  // Cheap to start (it submits the chunk and returns; the data moves later),
-  // so the executor runs it inline as soon as its input exists instead of
-  // queueing it on the inter-op pool, where with one inter-op thread it would
-  // wait for the rest of the backward pass (docs/bench.md).
-  bool IsExpensive() override { return false; }
-
   void ComputeAsync(OpKernelContext* ctx, DoneCallback done) override {
-    const Tensor& prio = ctx->input(1);
-    OP_REQUIRES_ASYNC(
-        ctx, TensorShapeUtils::IsScalar(prio.shape()),
-        errors::InvalidArgument("HvdPrioAllreduce(", chunk_name_,
-                                "): priority must be a scalar, got shape ",
-                                prio.shape().DebugString()),
-        done);
+    int64_t priority;
+    if (!ReadPriority(ctx, done, &priority)) return;
     AsyncOpKernel* inner = nullptr;
     OP_REQUIRES_OK_ASYNC(ctx, InnerKernel(ctx, &inner), done);
-    const int64_t priority = prio.scalar<int32>()();
-    const int64_t bytes = static_cast<int64_t>(ctx->input(0).TotalBytes());
     // Released: Horovod's kernel runs; done() from Horovod's callback once the
     // chunk was reduced (or failed).  A chunk abandoned in flight still ends there.
     auto st = std::make_shared<Allreduce>();
-    st->what = "HvdPrioAllreduce(" + chunk_name_ + ")";
-    st->name = chunk_name_;
     st->inner = inner;
-    st->Hold(ctx, std::move(done), abandon_on_cancel_, priority, bytes);
+    Hold(ctx, std::move(done), st, priority);
   }
 
  private:
@@ -421,8 +428,6 @@ class HvdPrioAllreduceOp : public AsyncOpKernel {
     }
   };
 
-  std::string chunk_name_;
-  bool abandon_on_cancel_ = true;
   NodeDef inner_def_;
   std::mutex inner_mu_;
   std::unique_ptr<OpKernel> inner_;
