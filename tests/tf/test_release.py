@@ -35,7 +35,8 @@ def test_granted_chunk_completes_while_the_executor_is_busy(controller, tmp_path
 def test_chunk_op_runs_inline_not_behind_the_backward_chain(controller, tmp_path):
     """With one inter-op thread, an op queued on TensorFlow's pool waits for the
     whole inline chain (the backward pass); HvdPrioAllreduce is cheap to start,
-    so the executor runs it inline and the chunk completes during the chain."""
+    so the executor runs it inline during the chain and the chunk completes
+    while a py_function after the chain still holds the only thread."""
     r0, r1 = run("inline", controller, tmp_path)
     for r in (r0, r1):
         assert r["completed_during_chain"][-1], r
