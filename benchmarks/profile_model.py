@@ -8,11 +8,13 @@ this machine (CPU), one batch, and writes the simulator's profile JSON
         --threads 1 --out results/sim/profile_mlp_b32.json
     horovod-prio sim --model results/sim/profile_mlp_b32.json ...
 
-Method: the layers are run in order on a random batch (each layer's input is
-the previous layer's output, so only ``Sequential``-shaped models, i.e. a
-chain of layers, are supported). For each layer a ``tf.function`` computing
-its output, and one computing the gradients of ``sum(output * r)`` (fixed
-random ``r``) w.r.t. its input and its trainable weights, are each timed
+Method: one forward pass of the whole model on a random batch records every
+layer's input(s) (a functional model's layers may read several earlier
+outputs: residual adds, concatenations - e.g. ``--model mobilenetv2``); a
+model without a functional graph is treated as a chain (each layer's input is
+the previous layer's output). For each layer a ``tf.function`` computing its
+output, and one computing the gradients of ``sum(output * r)`` (fixed random
+``r``) w.r.t. its input(s) and its trainable weights, are each timed
 (best of ``repeats`` after ``warmup`` calls: the minimum is the least
 disturbed by other processes); backward = gradient call - forward call
 (floored at 0). TensorFlow is imported only when a function
@@ -34,12 +36,13 @@ def _tf():
 
 
 def builtin_model(name: str):
-    """The harness's workloads (benchmarks/workload.py): ``mlp`` (784-2048-
-    2048-256-10, 6,331,146 params) and ``cnn`` (small CNN on 28x28x1)."""
+    """The harness's workloads (benchmarks/models.py): ``mlp`` (784-2048-
+    2048-256-10, 6,331,146 params), ``cnn`` (small CNN on 28x28x1) and
+    ``mobilenetv2`` (Keras' MobileNetV2, ``weights=None``, 32x32x3, 10 classes)."""
     from benchmarks.models import HARNESS_MODELS, harness_model
     if name not in HARNESS_MODELS:
-        raise ValueError(f"--model: unknown built-in model {name!r} (choose mlp, cnn or a "
-                         f"saved Keras model path)")
+        raise ValueError(f"--model: unknown built-in model {name!r} (choose "
+                         f"{', '.join(HARNESS_MODELS)} or a saved Keras model path)")
     return harness_model(_tf().keras, name)
 
 
@@ -64,7 +67,7 @@ def _best_time(fn, args, warmup: int, repeats: int) -> float:
 
 def _layer_fns(tf, layer, x):
     """tf.functions: forward of ``layer``, and gradients of ``sum(out * r)``
-    w.r.t. its input and trainable weights."""
+    w.r.t. its input(s) and trainable weights."""
     fwd = tf.function(lambda inp: layer(inp, training=True))
     r = tf.random.normal(tf.shape(fwd(x)))
     weights = list(layer.trainable_variables)
@@ -73,15 +76,33 @@ def _layer_fns(tf, layer, x):
         with tf.GradientTape() as tape:
             tape.watch(inp)
             loss = tf.reduce_sum(layer(inp, training=True) * r)
-        return tape.gradient(loss, [inp] + weights)
+        return tape.gradient(loss, tf.nest.flatten(inp) + weights)
     return fwd, tf.function(grad)
+
+
+def _layer_inputs(tf, model, layers, x):
+    """Each layer's input value(s) on batch ``x`` from one forward pass of a
+    functional model, or ``None`` when the model has no functional graph (or
+    a layer is called more than once: its input is ambiguous)."""
+    try:
+        if any(len(getattr(layer, "_inbound_nodes", ())) != 1 for layer in layers):
+            return None
+        symbolic = [layer.input for layer in layers]
+        extractor = tf.keras.Model(model.inputs, tf.nest.flatten(symbolic))
+    except (AttributeError, ValueError, TypeError):
+        return None
+    values = extractor(x, training=True)
+    if not isinstance(values, (list, tuple)):
+        values = [values]
+    return tf.nest.pack_sequence_as(symbolic, list(values))
 
 
 def profile_model(model, batch_size: int, *, warmup: int = 3, repeats: int = 10,
                   name: Optional[str] = None, seed: int = 0, threads: Optional[int] = None):
     """Return a :class:`horovod_prio.sim.profiles.Profile` of ``model``.
 
-    ``model`` is a built tf.keras model whose layers form a chain.
+    ``model`` is a built tf.keras model: functional (any graph of layers,
+    each called once) or a chain of layers.
     ``threads`` sets TF intra/inter-op threads (must be called before TF
     runs anything in this process for it to take effect).
     """
@@ -103,10 +124,12 @@ def profile_model(model, batch_size: int, *, warmup: int = 3, repeats: int = 10,
     shape = model.inputs[0].shape if getattr(model, "inputs", None) else model.input_shape
     x = tf.random.normal([batch_size] + [int(d) for d in list(shape)[1:]])
     layers = []
-    for layer in model.layers:
-        if isinstance(layer, tf.keras.layers.InputLayer):
-            continue
-
+    todo = [layer for layer in model.layers
+            if not isinstance(layer, tf.keras.layers.InputLayer)]
+    inputs = _layer_inputs(tf, model, todo, x)
+    for k, layer in enumerate(todo):
+        if inputs is not None:
+            x = inputs[k]
         fwd, grad = _layer_fns(tf, layer, x)
         y = fwd(x)
         wts = list(layer.trainable_variables)
@@ -124,7 +147,8 @@ def profile_model(model, batch_size: int, *, warmup: int = 3, repeats: int = 10,
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(prog="python -m benchmarks.profile_model",
                                 description=__doc__.split("\n\n")[0])
-    p.add_argument("--model", default="mlp", help="mlp | cnn | path of a saved Keras model")
+    p.add_argument("--model", default="mlp",
+                   help="mlp | cnn | mobilenetv2 | path of a saved Keras model")
     p.add_argument("--batch", type=int, default=32)
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--repeats", type=int, default=20)
@@ -138,7 +162,8 @@ def main(argv=None) -> int:
     tf = _tf()
     tf.config.threading.set_intra_op_parallelism_threads(a.threads)
     tf.config.threading.set_inter_op_parallelism_threads(a.threads)
-    if a.model in ("mlp", "cnn"):
+    from benchmarks.models import HARNESS_MODELS
+    if a.model in HARNESS_MODELS:
         model = builtin_model(a.model)
     else:
         model = tf.keras.models.load_model(a.model, compile=False)

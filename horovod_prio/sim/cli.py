@@ -18,6 +18,7 @@ import shlex
 import statistics
 import sys
 import time
+from dataclasses import replace
 from typing import List, Optional
 
 from ..arbiter.core import Arbiter
@@ -132,6 +133,9 @@ def build_parser() -> argparse.ArgumentParser:
       help="granted-but-unfinished bytes per link (default 8MiB, the arbiter's default)")
     a("--starvation-bound", type=units.arg(units.parse_int, 0), default=8,
       help="arbiter starvation bound K, 0 = none (default 8, the arbiter's default)")
+    a("--overlap", action="store_true",
+      help="barrier crossing (hvd.overlap) in the priority modes: the next step's forward "
+           "starts on layers already reduced; fifo stays plain Horovod")
     a("--step-overhead", type=parse_duration, default=0.0,
       help="fixed time added to every step (optimizer apply, input pipeline)")
     g = p.add_argument_group("priority / policy knobs (PriorityConfig fields; defaults from it)")
@@ -248,7 +252,8 @@ def _run(args, argv) -> int:
             alone[k] = cache[key]
     results, rows = {}, []
     for m in modes:
-        r = simulate(jobs, m, link, pcfg)
+        mj = jobs if m == "fifo" or not args.overlap else [replace(j, overlap=True) for j in jobs]
+        r = simulate(mj, m, link, pcfg)
         results[m] = r
         rows += summarize(r, link, alone)
     elapsed = time.perf_counter() - t0

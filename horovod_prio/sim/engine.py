@@ -118,6 +118,7 @@ class JobSpec:
     jitter: float = 0.0   # compute time x U(1-jitter, 1+jitter) per step
     seed: int = 0
     job_class: int = 0    # the job's priority class at the arbiter (HOROVOD_PRIO_JOB_PRIORITY)
+    overlap: bool = False  # barrier crossing (hvd.overlap): see docs/sim.md
 
 
 @dataclass
@@ -311,6 +312,9 @@ class _Job:
                               for p in sizes], [[i] for i in range(len(sizes))], groups,
                              pcfg.partition_bytes, prefix="job%d" % idx)
             self.chunks = [(ready[c.last_tensor], c.group, c.name, c.nbytes) for c in plan.chunks]
+            # tensor (= task, backprop order) -> the chunks holding a piece of it
+            self.task_chunks = [sorted({c for c, _ in plan.pieces()[t]})
+                                for t in range(len(sizes))]
             self.sched = Scheduler()
             self.sched.configure(UNLIMITED if pcfg.credit_bytes is None else pcfg.credit_bytes,
                                  True)
@@ -318,6 +322,34 @@ class _Job:
                 self.sched.set_external_grant(True)
             self.ticket_bytes: Dict[int, int] = {}
         self.served_log: List[tuple] = []
+        self.overlap = bool(spec.overlap)
+        if self.overlap:
+            if mode == "fifo":
+                raise ValueError("jobs[%d].overlap needs a priority mode (priority, arbiter, "
+                                 "adaptive): hvd.overlap releases through horovod_prio's "
+                                 "scheduler, got mode 'fifo'" % idx)
+            # forward order: (forward seconds, task index or None)
+            nt = len(sizes)
+            self.fwd_layers = []
+            k = 0
+            for layer in prof.layers:
+                task = None
+                if layer.params > 0:
+                    task = nt - 1 - k
+                    k += 1
+                self.fwd_layers.append((layer.forward_s, task))
+            self.backward_total = t - fwd
+            # the step whose update of each task is fully applied (-1: none yet)
+            self.applied = [-1] * nt
+            self.chunk_left: Dict[int, List[int]] = {}   # step -> per task chunks not done
+            self.step_left: Dict[int, int] = {}          # step -> chunks not done
+            self.ticket_step: Dict[int, tuple] = {}
+            self.step_prios: Dict[int, tuple] = {}
+            self.chunk_tasks = [[] for _ in self.chunks]
+            for t, cs in enumerate(self.task_chunks):
+                for c in cs:
+                    self.chunk_tasks[c].append(t)
+            self.fwd_wait = None
         # horovod engine state
         self.hq: List = []
         self.cycle_list: List[_Msg] = []
@@ -335,12 +367,20 @@ class _Job:
             decayed = self.policy.before_batch() and self.policy.boost < before
         self.prios = self.policy.priorities if self.policy is not None else (
             self.base if self.mode != "fifo" else ())
+        if self.overlap:
+            self.step_prios[self.step] = self.prios   # posted with the step
         self.step_start = now
         self.decayed = decayed
         self.bwd_done = False
         f = 1.0
         if self.rng is not None:
             f = 1.0 + self.spec.jitter * (2.0 * self.rng.random() - 1.0)
+        self.f = f
+        if self.overlap:
+            self.chunk_left[self.step] = [len(cs) for cs in self.task_chunks]
+            self.step_left[self.step] = len(self.chunks)
+            self._forward(0)
+            return
         if self.mode == "fifo":
             self.outstanding = len(self.task_bytes)
             for i, (r, b) in enumerate(zip(self.task_ready, self.task_bytes)):
@@ -353,7 +393,79 @@ class _Job:
 
     def backward_done(self):
         self.bwd_done = True
+        if self.overlap:
+            self._overlap_call_end()
+            return
         self._maybe_end()
+
+    # ---------------------------------------------------------- barrier crossing
+    # As the product's hvd.overlap (docs/overlap.md): a training call returns
+    # after its backward pass; the forward of layer i in step k+1 waits until
+    # step k's update of layer i is applied (every chunk holding a piece of it
+    # reduced; the update itself costs nothing here). Every layer with
+    # gradients is waited on before step k+1's backward can produce its
+    # chunks, so step k+1's chunks reach the scheduler only after all of step
+    # k's are reduced - as the product's one background call per step, in
+    # order (a chunk name is never in flight twice).
+    def _forward(self, i):
+        self.fwd_wait = None
+        s = self.step
+        while i < len(self.fwd_layers):
+            secs, task = self.fwd_layers[i]
+            if task is not None and self.applied[task] < s - 1:
+                self.fwd_wait = i     # resumed by _chunk_done
+                return
+            if secs > 0:
+                self.sim.at(self.sim.now + secs * self.f, self._forward, i + 1)
+                return
+            i += 1
+        now, f, s = self.sim.now, self.f, self.step
+        for ci, (r, g, name, size) in enumerate(self.chunks):
+            self.sim.at(now + (r - self.spec.profile.forward_s) * f, self._take, s, ci)
+        self.sim.at(now + self.backward_total * f, self.backward_done)
+
+    def _take(self, s, ci):
+        _, g, name, size = self.chunks[ci]
+        prio = self.step_prios[s][g]
+        ticket = self.sched.submit(name, prio, size)
+        self.ticket_bytes[ticket] = (size, prio)
+        self.ticket_step[ticket] = (s, ci)
+        self._pump()
+
+    def _chunk_done(self, ticket):
+        s, ci = self.ticket_step.pop(ticket)
+        left = self.chunk_left[s]
+        for t in self.chunk_tasks[ci]:
+            left[t] -= 1
+            if left[t] == 0:
+                self.applied[t] = s
+        self.step_left[s] -= 1
+        if self.step_left[s] == 0:
+            del self.step_left[s], self.chunk_left[s], self.step_prios[s]
+            if self.step >= self.spec.steps and not self.step_left:
+                self._finish_last()
+        if self.fwd_wait is not None:
+            i = self.fwd_wait
+            task = self.fwd_layers[i][1]
+            if self.applied[task] >= self.step - 1:
+                self._forward(i)
+
+    def _overlap_call_end(self):
+        self.bwd_done = False
+        self.sim.at(self.sim.now + self.cfg.step_overhead, self._overlap_next)
+
+    def _overlap_next(self):
+        if self.step + 1 < self.spec.steps:
+            self.end_step()           # records, starts the next call
+        else:
+            self.step += 1            # last call returned; its updates still pending
+            if not self.step_left:
+                self._finish_last()
+
+    def _finish_last(self):
+        # the final flush: the last step ends when its updates are applied
+        self.step -= 1
+        self.end_step()
 
     def _maybe_end(self):
         if not (self.bwd_done and self.outstanding == 0):
@@ -457,7 +569,8 @@ class _Job:
             self.link.add(msg)
 
     def _msg_done(self, msg):
-        self.outstanding -= msg.units
+        if not self.overlap:
+            self.outstanding -= msg.units
         if self.sched is not None:
             ticket = msg.token
             self.ticket_bytes.pop(ticket)
@@ -467,6 +580,10 @@ class _Job:
             self._pump()
             if self.arbiter is not None:
                 self.arbiter.done(self, ticket)
+            if self.overlap:
+                self._run_next()
+                self._chunk_done(ticket)
+                return
         self._run_next()
         self._maybe_end()
 
@@ -504,7 +621,8 @@ def simulate(jobs: Sequence[JobSpec], mode: str, link: Optional[LinkConfig] = No
     sim.run()
     makespan = max((r[-1].end for r in records if r), default=0.0)
     pev = [[e.as_dict() for e in j.policy.events] if j.policy is not None else [] for j in js]
-    res = SimResult(mode, list(jobs), records, ln.busy_s, makespan, sim.events, pev,
+    label = mode + "+overlap" if any(j.overlap for j in jobs) else mode
+    res = SimResult(label, list(jobs), records, ln.busy_s, makespan, sim.events, pev,
                     [j.served_log for j in js])
     if arb is not None:
         res.arbiter_grants, res.starvation_grants = arb.grants, arb.starvation_grants

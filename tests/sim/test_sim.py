@@ -208,6 +208,123 @@ def test_arbiter_modes_run_the_product_arbiter_by_default(monkeypatch):
     assert set(calls) == {0, 1, 2, 3}
 
 
+# ------------------------------------------------------------------ barrier crossing (overlap)
+MIB = 1 << 20
+
+
+def overlap_toy():
+    """Input-side layers small (0.25 MiB of gradients each), the output-side
+    one 8 MiB; forward and backward 0.1 s per layer."""
+    return Profile("ov", (Layer("in", MIB // 16, 0.1, 0.1), Layer("mid", MIB // 16, 0.1, 0.1),
+                          Layer("out", 2 * MIB, 0.1, 0.1)))
+
+
+def test_overlap_step_time_by_hand():
+    """16 MiB/s, 2 workers, nic: a 1 MiB chunk takes 1/16 s, in and mid 1/64 s.
+
+    Without overlap (credit 1 MiB): out's 8 chunks go from 0.4 s (its
+    gradient) to 0.9 s, then in: step = 0.9 + 1/32 = 0.93125 s.
+
+    With overlap the next call starts when backward ends. Steady state, from
+    the moment D when step k's ``in`` is reduced: step k+1's forward runs in,
+    mid (0.2 s; mid was reduced before), waits for step k's out (5 chunks
+    left after D: D + 0.3125), forward out, backward out (+0.2) - out's
+    gradient ready at D + 0.5125; 2 out chunks, mid (ready at D + 0.6125,
+    queued behind the second), 1 out chunk, then in (ready at D + 0.7125,
+    the credit lets it overtake the 5 remaining out chunks): reduced at
+    D + 0.5125 + 0.125 + 1/64 + 0.0625 + 1/64 = D + 0.73125."""
+    link = LinkConfig(bandwidth=16 * MIB, latency=0.0, cycle_time=0.0)
+    pc = pcfg(partition_bytes=MIB, credit_bytes=MIB, num_groups=3)
+    plain = simulate([JobSpec(overlap_toy(), 2, 12)], "priority", link, pc)
+    ov = simulate([JobSpec(overlap_toy(), 2, 12, overlap=True)], "priority", link, pc)
+    assert ov.mode == "priority+overlap"
+    for s in plain.step_times(0):
+        assert s == pytest.approx(0.93125, rel=1e-9)
+    steps = ov.step_times(0)
+    assert steps[0] == pytest.approx(0.6, rel=1e-9)          # nothing to wait for yet
+    for s in steps[1:-1]:
+        assert s == pytest.approx(0.73125, rel=1e-9)
+    # the last step ends when its updates are applied (the final flush):
+    # its backward ended 0.6125 after the previous D, + the rest as above
+    assert sum(steps) == pytest.approx(ov.makespan, rel=1e-12)
+    assert steps[-1] > 0.73125
+
+
+def test_overlap_without_a_credit_cannot_reorder_and_gains_nothing():
+    """Unlimited credit: every chunk goes to Horovod as soon as it is ready,
+    so ``in`` waits behind all of out's chunks and the next forward with it."""
+    link = LinkConfig(bandwidth=16 * MIB, latency=0.0, cycle_time=0.0)
+    pc = pcfg(partition_bytes=MIB, credit_bytes=None, num_groups=3)
+    ov = simulate([JobSpec(overlap_toy(), 2, 12, overlap=True)], "priority", link, pc)
+    for s in ov.step_times(0)[1:-1]:
+        assert s == pytest.approx(0.93125, rel=1e-9)
+
+
+@pytest.mark.parametrize("mode", ["priority", "arbiter", "adaptive"])
+def test_overlap_respects_the_link_and_compute(mode):
+    """Two jobs, both overlapping, comm-bound: every call takes at least the
+    compute, every step is recorded, the steps tile the job's run (the last
+    one ends at the final flush) and the link carried no more than its
+    capacity."""
+    prof = overlap_toy()
+    link = LinkConfig(bandwidth=8 * MIB, latency=1e-5, cycle_time=1e-3)
+    pc = pcfg(partition_bytes=MIB, credit_bytes=MIB, num_groups=3)
+    n = 10
+    r = simulate([JobSpec(prof, 2, n, overlap=True), JobSpec(prof, 2, n, start=0.05,
+                                                             overlap=True)], mode, link, pc)
+    floor = comm_floor(prof, 2, link)
+    assert floor > prof.compute_s      # comm-bound: the link decides
+    for j in range(2):
+        steps = r.step_times(j)
+        assert len(steps) == n
+        assert all(s >= prof.compute_s * (1 - 1e-9) for s in steps)
+        assert sum(steps) == pytest.approx(r.steps[j][-1].end - r.steps[j][0].start, rel=1e-9)
+    assert r.makespan - 0.05 >= 2 * n * floor * (1 - 1e-9)
+
+
+def test_overlap_never_puts_a_chunk_name_in_flight_twice(monkeypatch):
+    """As in the product (one background call per step, in order): step
+    k+1's chunks reach the scheduler only after every chunk of step k is
+    reduced - here because the forward waited for every layer (comm-bound:
+    without the waits step k+1's backward would produce them earlier)."""
+    inflight, dup, seen = {}, [], []
+
+    class Spy(engine.Scheduler):
+        def submit(self, name, priority, nbytes):
+            if inflight.get(name):
+                dup.append(name)
+            inflight[name] = True
+            t = super().submit(name, priority, nbytes)
+            seen.append((t, name))
+            return t
+
+        def complete_ticket(self, ticket):
+            inflight[dict(seen)[ticket]] = False
+            return super().complete_ticket(ticket)
+
+    monkeypatch.setattr(engine, "Scheduler", Spy)
+    link = LinkConfig(bandwidth=4 * MIB, latency=0.0, cycle_time=0.0)
+    pc = pcfg(partition_bytes=MIB, credit_bytes=MIB, num_groups=3)
+    r = simulate([JobSpec(overlap_toy(), 2, 6, overlap=True)], "priority", link, pc)
+    assert len(r.step_times(0)) == 6 and len(seen) == 6 * 10
+    assert dup == []
+
+
+def test_overlap_needs_a_priority_mode():
+    with pytest.raises(ValueError, match=r"jobs\[0\]\.overlap.*fifo"):
+        simulate([JobSpec(overlap_toy(), 2, 3, overlap=True)], "fifo")
+
+
+def test_cli_overlap_flag(capsys):
+    rc = cli.main(["--model", "resnet50", "--jobs", "1", "--workers", "4", "--steps", "5",
+                   "--mode", "all", "--overlap", "--no-plot", "--no-alone"])
+    assert rc == 0
+    text = capsys.readouterr().out
+    assert "| fifo |" in text    # plain Horovod stays the baseline
+    for m in ("priority", "arbiter", "adaptive"):
+        assert f"| {m}+overlap |" in text
+
+
 # ------------------------------------------------------------------ adaptive
 def _two_phase(count_threshold=3):
     """Job 0 alone, then job 1 (same model) joins for a while, then leaves."""
@@ -398,6 +515,27 @@ def test_profile_model_measures_keras_model(tmp_path):
     save_profile(prof, str(path))
     r = simulate([JobSpec(load_profile(str(path)), 2, 3)], "adaptive")
     assert len(r.step_times(0)) == 3
+
+
+@pytest.mark.tf_stack
+def test_profile_model_measures_a_functional_model_with_a_residual_add():
+    """A layer reading two earlier outputs (a residual add) is fed its own
+    inputs, not the previous layer's output; the layer after the add gets the
+    add's output."""
+    import tensorflow as tf
+    spec = importlib.util.spec_from_file_location(
+        "hp_profile_test2", os.path.join(REPO, "benchmarks", "profile_model.py"))
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    inp = tf.keras.Input(shape=(16,))
+    a = tf.keras.layers.Dense(16, name="a")(inp)
+    b = tf.keras.layers.Dense(8, name="b")(a)        # 16 -> 8: the add cannot take b
+    c = tf.keras.layers.Dense(16, name="c")(b)
+    s = tf.keras.layers.Add(name="add")([a, c])
+    out = tf.keras.layers.Dense(4, name="out")(s)
+    prof = mod.profile_model(tf.keras.Model(inp, out), 8, warmup=1, repeats=2)
+    assert [(l.name, l.params) for l in prof.layers] == [
+        ("a", 16 * 16 + 16), ("b", 16 * 8 + 8), ("c", 8 * 16 + 16), ("add", 0), ("out", 16 * 4 + 4)]
 
 
 # ------------------------------------------------------------------ validation / sweep
