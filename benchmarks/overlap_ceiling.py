@@ -1,0 +1,187 @@
+"""What barrier crossing (``hvd.overlap``) can gain on a model, per chunk setting.
+
+    python -m benchmarks.overlap_ceiling --profile PROFILE.json --rate 300mbit \\
+        --hvd-step 0.706 --out results/sim/overlap-ceiling-mnv2-300mbit
+
+Runs the simulator (``horovod_prio.sim``: the product's chunk plan, release
+scheduler and the overlap rule of docs/sim.md) for one job of ``--workers``
+ranks on one link: plain Horovod, and horovod_prio with ``hvd.overlap`` at
+every ``--partitions`` x ``--credits`` setting. The profile is measured one
+process alone (``benchmarks.profile_model``); on the testbed the ranks share
+cores with their communication threads, so its compute is scaled: by
+``--compute-scale``, or fitted so that the simulated plain-Horovod step equals
+``--hvd-step`` (a measured median, same model, batch and rate). Reported:
+the simulated plain-Horovod step, the bound no schedule can beat
+(``max(compute, link floor)``) and each setting's ratio plain Horovod /
+overlap (> 1: faster). Not modelled: CPU shared with communication and with
+the background update, Horovod's negotiation beyond its cycle time.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+from typing import List, Optional
+
+from horovod_prio.method import units
+from horovod_prio.method.config import PriorityConfig
+from horovod_prio.sim.cli import parse_rate
+from horovod_prio.sim.engine import TOPOLOGIES, JobSpec, LinkConfig, comm_floor, simulate
+from horovod_prio.sim.profiles import Profile, load_profile
+
+
+def _steady(result) -> float:
+    """Median step time without the first step (nothing to wait for yet) and
+    the last (the final flush)."""
+    xs = result.step_times(0)
+    return statistics.median(xs[1:-1] if len(xs) > 3 else xs)
+
+
+def plain_step(profile: Profile, workers: int, link: LinkConfig, steps: int) -> float:
+    return _steady(simulate([JobSpec(profile, workers, steps)], "fifo", link))
+
+
+def overlap_step(profile: Profile, workers: int, link: LinkConfig, steps: int,
+                 partition: int, credit: Optional[int]) -> float:
+    pc = PriorityConfig.from_env({}, partition_bytes=partition, credit_bytes=credit)
+    return _steady(simulate([JobSpec(profile, workers, steps, overlap=True)], "priority",
+                            link, pc))
+
+
+def fit_scale(profile: Profile, workers: int, link: LinkConfig, steps: int,
+              target: float) -> float:
+    """The compute scale at which the simulated plain-Horovod step is ``target``
+    seconds (bisection; the step grows with the scale)."""
+    lo, hi = 1e-3, 1.0
+    while plain_step(profile.scaled(hi), workers, link, steps) < target:
+        hi *= 2
+        if hi > 1e4:
+            raise ValueError(f"--hvd-step {target:g} s is not reachable by scaling the "
+                             f"profile's compute (link floor alone exceeds it?)")
+    if plain_step(profile.scaled(lo), workers, link, steps) > target:
+        raise ValueError(f"--hvd-step {target:g} s is below what the link alone needs "
+                         f"({plain_step(profile.scaled(lo), workers, link, steps):.4f} s)")
+    for _ in range(40):
+        mid = (lo + hi) / 2
+        if plain_step(profile.scaled(mid), workers, link, steps) < target:
+            lo = mid
+        else:
+            hi = mid
+    return (lo + hi) / 2
+
+
+def ceiling(profile: Profile, workers: int, link: LinkConfig, steps: int,
+            partitions: List[int], credits: List[Optional[int]]) -> dict:
+    hvd = plain_step(profile, workers, link, steps)
+    floor = comm_floor(profile, workers, link)
+    grid = [{"partition_bytes": p, "credit_bytes": c,
+             "step_s": overlap_step(profile, workers, link, steps, p, c)}
+            for p in partitions for c in credits]
+    for g in grid:
+        g["speedup"] = hvd / g["step_s"]
+    best = min(grid, key=lambda g: g["step_s"])
+    return {"compute_s": profile.compute_s, "forward_s": profile.forward_s,
+            "grad_bytes": profile.grad_bytes, "link_floor_s": floor, "hvd_step_s": hvd,
+            "bound_speedup": hvd / max(profile.compute_s, floor), "grid": grid, "best": best}
+
+
+def _fmt_bytes(b: Optional[int]) -> str:
+    if b is None:
+        return "none"
+    return f"{b / (1 << 20):g} MiB" if b >= 1 << 20 else f"{b / 1024:g} KiB"
+
+
+def table(res: dict, partitions, credits) -> str:
+    by = {(g["partition_bytes"], g["credit_bytes"]): g["speedup"] for g in res["grid"]}
+    best = res["best"]
+    lines = [f"compute {res['compute_s']:.3f} s/step (forward {res['forward_s']:.3f}), "
+             f"gradients {res['grad_bytes'] / (1 << 20):.2f} MiB, link floor "
+             f"{res['link_floor_s']:.3f} s; simulated plain Horovod {res['hvd_step_s']:.3f} "
+             f"s/step; no schedule beats max(compute, floor): at most "
+             f"{res['bound_speedup']:.2f}x.", "",
+             "plain Horovod / hvd.overlap (rows: partition_bytes, columns: credit_bytes):", "",
+             "| partition \\ credit | " + " | ".join(_fmt_bytes(c) for c in credits) + " |",
+             "|---|" + "---|" * len(credits)]
+    for p in partitions:
+        cells = []
+        for c in credits:
+            v = by[(p, c)]
+            mark = "**" if (p, c) == (best["partition_bytes"], best["credit_bytes"]) else ""
+            cells.append(f"{mark}{v:.2f}x{mark}")
+        lines.append(f"| {_fmt_bytes(p)} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def _credit(text: str) -> Optional[int]:
+    t = text.strip().lower()
+    if t in ("none", "unlimited", "0"):
+        return None
+    return units.parse_bytes(text, 1)
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(prog="python -m benchmarks.overlap_ceiling",
+                                description=__doc__.split("\n\n")[0])
+    p.add_argument("--profile", required=True, help="profile JSON (benchmarks.profile_model)")
+    p.add_argument("--rate", required=True, type=parse_rate, help="link rate, e.g. 300mbit")
+    p.add_argument("--workers", type=units.arg(units.parse_int, 2), default=2)
+    p.add_argument("--topology", choices=TOPOLOGIES, default="bus",
+                   help="bus: every rank crosses the link (the harness's shaped lo; default)")
+    p.add_argument("--steps", type=units.arg(units.parse_int, 4), default=30)
+    g = p.add_mutually_exclusive_group()
+    g.add_argument("--hvd-step", type=float, default=None,
+                   help="measured plain-Horovod s/step: fit the compute scale to it")
+    g.add_argument("--compute-scale", type=float, default=1.0)
+    p.add_argument("--partitions", default="512KiB,1MiB,2MiB,4MiB")
+    p.add_argument("--credits", default="none,512KiB,1MiB,2MiB,4MiB,8MiB",
+                   help="comma list; none = unlimited (the default credit)")
+    p.add_argument("--out", default=None, help="directory for ceiling.md / ceiling.json")
+    a = p.parse_args(argv)
+    try:
+        parts = [units.parse_bytes(x, 1) for x in a.partitions.split(",") if x.strip()]
+    except ValueError as e:
+        p.error(f"argument --partitions: {e}")
+    try:
+        credits = [_credit(x) for x in a.credits.split(",") if x.strip()]
+    except ValueError as e:
+        p.error(f"argument --credits: {e}")
+    if not parts or not credits:
+        p.error("argument --partitions/--credits: empty list")
+    if a.hvd_step is not None and not a.hvd_step > 0:
+        p.error(f"argument --hvd-step: must be > 0, got {a.hvd_step}")
+    if not a.compute_scale > 0:
+        p.error(f"argument --compute-scale: must be > 0, got {a.compute_scale}")
+    try:
+        prof = load_profile(a.profile)
+    except (OSError, ValueError) as e:
+        p.error(f"argument --profile: {e}")
+    link = LinkConfig(bandwidth=a.rate / 8, topology=a.topology)
+    try:
+        scale = (fit_scale(prof, a.workers, link, a.steps, a.hvd_step)
+                 if a.hvd_step is not None else a.compute_scale)
+    except ValueError as e:
+        p.error(str(e))
+    res = ceiling(prof.scaled(scale), a.workers, link, a.steps, parts, credits)
+    res.update(profile=a.profile, rate_bit_s=a.rate, workers=a.workers, topology=a.topology,
+               compute_scale=scale, hvd_step_measured=a.hvd_step,
+               command="python -m benchmarks.overlap_ceiling " + " ".join(
+                   sys.argv[1:] if argv is None else argv))
+    head = (f"{prof.name}, batch {prof.batch_size}, {a.workers} ranks, {a.rate / 1e6:g} Mbit/s "
+            f"{a.topology}, compute scale {scale:.3f}"
+            + (f" (fitted: simulated plain Horovod = measured {a.hvd_step:g} s/step)"
+               if a.hvd_step is not None else ""))
+    text = head + "\n\n" + table(res, parts, credits)
+    if a.out:
+        os.makedirs(a.out, exist_ok=True)
+        with open(os.path.join(a.out, "ceiling.json"), "w") as f:
+            json.dump(res, f, indent=1)
+        with open(os.path.join(a.out, "ceiling.md"), "w") as f:
+            f.write(f"# Overlap ceiling (simulated)\n\nCommand: `{res['command']}`\n\n{text}\n")
+    print(text)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

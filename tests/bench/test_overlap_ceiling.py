@@ -1,0 +1,60 @@
+"""benchmarks/overlap_ceiling.py: the simulated gain of hvd.overlap per chunk setting."""
+import json
+
+import pytest
+
+from benchmarks import overlap_ceiling as oc
+from horovod_prio.sim.engine import LinkConfig
+from horovod_prio.sim.profiles import Layer, Profile, save_profile
+
+MIB = 1 << 20
+
+
+def toy():
+    return Profile("ov", (Layer("in", MIB // 16, 0.1, 0.1), Layer("mid", MIB // 16, 0.1, 0.1),
+                          Layer("out", 2 * MIB, 0.1, 0.1)), 8)
+
+
+def test_grid_matches_the_simulator_and_names_the_best():
+    link = LinkConfig(bandwidth=16 * MIB, latency=0.0, cycle_time=0.0, topology="nic")
+    res = oc.ceiling(toy(), 2, link, 12, [MIB, 4 * MIB], [None, MIB])
+    by = {(g["partition_bytes"], g["credit_bytes"]): g for g in res["grid"]}
+    # tests/sim/test_sim.py derives these two by hand
+    assert res["hvd_step_s"] == pytest.approx(0.93125, rel=1e-9)
+    assert by[(MIB, MIB)]["step_s"] == pytest.approx(0.73125, rel=1e-9)
+    assert by[(MIB, None)]["speedup"] == pytest.approx(1.0, rel=1e-9)
+    assert res["best"] is by[(MIB, MIB)]
+    assert res["bound_speedup"] == pytest.approx(0.93125 / 0.6, rel=1e-9)
+    text = oc.table(res, [MIB, 4 * MIB], [None, MIB])
+    assert "| 1 MiB | 1.00x | **1.27x** |" in text
+
+
+def test_fit_scale_reproduces_the_measured_plain_step():
+    link = LinkConfig(bandwidth=16 * MIB, topology="bus")
+    k = oc.fit_scale(toy(), 2, link, 10, 2.5)
+    # within Horovod's 1 ms cycle (the simulated step moves in its steps)
+    assert oc.plain_step(toy().scaled(k), 2, link, 10) == pytest.approx(2.5, abs=2e-3)
+    with pytest.raises(ValueError, match="hvd-step"):
+        oc.fit_scale(toy(), 2, link, 10, 0.01)   # below the link floor
+
+
+def test_cli_writes_tables_and_names_bad_flags(tmp_path, capsys):
+    prof = tmp_path / "p.json"
+    save_profile(toy(), str(prof))
+    out = tmp_path / "o"
+    rc = oc.main(["--profile", str(prof), "--rate", "128mbit", "--topology", "nic",
+                  "--partitions", "1MiB", "--credits", "none,1MiB", "--steps", "8",
+                  "--out", str(out)])
+    assert rc == 0
+    data = json.loads((out / "ceiling.json").read_text())
+    assert len(data["grid"]) == 2 and data["compute_scale"] == 1.0
+    assert "| 1 MiB |" in (out / "ceiling.md").read_text()
+    for argv, flag in ((["--credits", "lots"], "--credits"),
+                       (["--partitions", "0"], "--partitions"),
+                       (["--hvd-step", "-1"], "--hvd-step")):
+        with pytest.raises(SystemExit):
+            oc.main(["--profile", str(prof), "--rate", "128mbit"] + argv)
+        assert flag in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        oc.main(["--profile", str(tmp_path / "missing.json"), "--rate", "128mbit"])
+    assert "--profile" in capsys.readouterr().err
