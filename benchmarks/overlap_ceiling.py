@@ -12,8 +12,9 @@ cores with their communication threads, so its compute is scaled: by
 ``--compute-scale``, or fitted so that the simulated plain-Horovod step equals
 ``--hvd-step`` (a measured median, same model, batch and rate). Reported:
 the simulated plain-Horovod step, the bound no schedule can beat
-(``max(compute, link floor)``) and each setting's ratio plain Horovod /
-overlap (> 1: faster). Not modelled: CPU shared with communication and with
+(``max(compute, link floor)``), the tighter bound no per-layer barrier
+crossing can beat (:func:`per_layer_bound`) and each setting's ratio plain
+Horovod / overlap (> 1: faster). Not modelled: CPU shared with communication and with
 the background update, Horovod's negotiation beyond its cycle time.
 """
 from __future__ import annotations
@@ -72,6 +73,32 @@ def fit_scale(profile: Profile, workers: int, link: LinkConfig, steps: int,
     return (lo + hi) / 2
 
 
+def per_layer_bound(profile: Profile, workers: int, link: LinkConfig) -> float:
+    """A lower bound on the step time of *any* schedule that lets the next
+    step's forward start on layers already reduced (per-layer barrier
+    crossing, in any implementation), on a link carrying one job:
+
+    for every layer i, the gradients of layer i and of every layer before it
+    (input side: they become ready after layer i's, in backprop) must cross
+    the link between layer i's gradient becoming ready and the next step's
+    forward reaching layer i; in between run the forward from layer i to the
+    end and the backward back to layer i. So the period is at least
+    ``sum(c_j, j <= i) + forward(i..) + backward(..i)`` for every i, with
+    c_j the link time of layer j's gradient alone."""
+    floor = comm_floor(profile, workers, link)
+    per_byte = floor / profile.grad_bytes if profile.grad_bytes else 0.0
+    layers = profile.layers
+    best = 0.0
+    comm_before = 0.0
+    for i, layer in enumerate(layers):
+        comm_before += layer.params * profile.dtype_bytes * per_byte
+        if layer.params == 0:
+            continue
+        compute = sum(l.forward_s + l.backward_s for l in layers[i:])
+        best = max(best, comm_before + compute)
+    return best
+
+
 def ceiling(profile: Profile, workers: int, link: LinkConfig, steps: int,
             partitions: List[int], credits: List[Optional[int]]) -> dict:
     hvd = plain_step(profile, workers, link, steps)
@@ -82,9 +109,13 @@ def ceiling(profile: Profile, workers: int, link: LinkConfig, steps: int,
     for g in grid:
         g["speedup"] = hvd / g["step_s"]
     best = min(grid, key=lambda g: g["step_s"])
+    layer_bound = per_layer_bound(profile, workers, link)
     return {"compute_s": profile.compute_s, "forward_s": profile.forward_s,
             "grad_bytes": profile.grad_bytes, "link_floor_s": floor, "hvd_step_s": hvd,
-            "bound_speedup": hvd / max(profile.compute_s, floor), "grid": grid, "best": best}
+            "bound_speedup": hvd / max(profile.compute_s, floor),
+            "per_layer_bound_s": layer_bound,
+            "per_layer_bound_speedup": hvd / max(profile.compute_s, floor, layer_bound),
+            "grid": grid, "best": best}
 
 
 def _fmt_bytes(b: Optional[int]) -> str:
@@ -100,7 +131,10 @@ def table(res: dict, partitions, credits) -> str:
              f"gradients {res['grad_bytes'] / (1 << 20):.2f} MiB, link floor "
              f"{res['link_floor_s']:.3f} s; simulated plain Horovod {res['hvd_step_s']:.3f} "
              f"s/step; no schedule beats max(compute, floor): at most "
-             f"{res['bound_speedup']:.2f}x.", "",
+             f"{res['bound_speedup']:.2f}x; no per-layer barrier crossing beats "
+             f"{res['per_layer_bound_s']:.3f} s/step (a layer's own and all input-side "
+             f"gradients cross the link between its gradient and its next forward): at "
+             f"most {res['per_layer_bound_speedup']:.2f}x.", "",
              "plain Horovod / hvd.overlap (rows: partition_bytes, columns: credit_bytes):", "",
              "| partition \\ credit | " + " | ".join(_fmt_bytes(c) for c in credits) + " |",
              "|---|" + "---|" * len(credits)]
@@ -157,18 +191,18 @@ def main(argv=None) -> int:
         prof = load_profile(a.profile)
     except (OSError, ValueError) as e:
         p.error(f"argument --profile: {e}")
-    link = LinkConfig(bandwidth=a.rate / 8, topology=a.topology)
+    link = LinkConfig(bandwidth=a.rate, topology=a.topology)   # parse_rate: bytes/s
     try:
         scale = (fit_scale(prof, a.workers, link, a.steps, a.hvd_step)
                  if a.hvd_step is not None else a.compute_scale)
     except ValueError as e:
         p.error(str(e))
     res = ceiling(prof.scaled(scale), a.workers, link, a.steps, parts, credits)
-    res.update(profile=a.profile, rate_bit_s=a.rate, workers=a.workers, topology=a.topology,
+    res.update(profile=a.profile, rate_bit_s=a.rate * 8, workers=a.workers, topology=a.topology,
                compute_scale=scale, hvd_step_measured=a.hvd_step,
                command="python -m benchmarks.overlap_ceiling " + " ".join(
                    sys.argv[1:] if argv is None else argv))
-    head = (f"{prof.name}, batch {prof.batch_size}, {a.workers} ranks, {a.rate / 1e6:g} Mbit/s "
+    head = (f"{prof.name}, batch {prof.batch_size}, {a.workers} ranks, {a.rate * 8 / 1e6:g} Mbit/s "
             f"{a.topology}, compute scale {scale:.3f}"
             + (f" (fitted: simulated plain Horovod = measured {a.hvd_step:g} s/step)"
                if a.hvd_step is not None else ""))

@@ -25,6 +25,9 @@ def test_grid_matches_the_simulator_and_names_the_best():
     assert by[(MIB, None)]["speedup"] == pytest.approx(1.0, rel=1e-9)
     assert res["best"] is by[(MIB, MIB)]
     assert res["bound_speedup"] == pytest.approx(0.93125 / 0.6, rel=1e-9)
+    # per layer: in 1/64 + 0.6; mid 2/64 + 0.4; out (all 8.5 MiB) 0.53125 + 0.2
+    assert res["per_layer_bound_s"] == pytest.approx(0.73125, rel=1e-9)
+    assert res["per_layer_bound_speedup"] == pytest.approx(0.93125 / 0.73125, rel=1e-9)
     text = oc.table(res, [MIB, 4 * MIB], [None, MIB])
     assert "| 1 MiB | 1.00x | **1.27x** |" in text
 
@@ -48,6 +51,8 @@ def test_cli_writes_tables_and_names_bad_flags(tmp_path, capsys):
     assert rc == 0
     data = json.loads((out / "ceiling.json").read_text())
     assert len(data["grid"]) == 2 and data["compute_scale"] == 1.0
+    # 8.5 MiB of gradients, 2 ranks on their own NICs: 8.5 MiB cross each at 128 Mbit/s
+    assert data["link_floor_s"] == pytest.approx(8.5 * MIB * 8 / 128e6, rel=1e-9)
     assert "| 1 MiB |" in (out / "ceiling.md").read_text()
     for argv, flag in ((["--credits", "lots"], "--credits"),
                        (["--partitions", "0"], "--partitions"),
