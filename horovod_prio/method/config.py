@@ -36,8 +36,9 @@ adjust_groups        HOROVOD_PRIO_ADJUST_GROUPS    1         int >= 1, <= num_gr
 step                 HOROVOD_PRIO_STEP             1         int >= 1
 max_boost            HOROVOD_PRIO_MAX_BOOST        4         int >= 0
 warmup_batches       HOROVOD_PRIO_WARMUP_BATCHES   2         int >= 0
-partition_bytes      HOROVOD_PRIO_PARTITION_BYTES  4 MiB     bytes >= 1024
+partition_bytes      HOROVOD_PRIO_PARTITION_BYTES  4 MiB     bytes >= 1024 (overlap: 1 MiB)
 credit_bytes         HOROVOD_PRIO_CREDIT_BYTES     auto      bytes >= 1024, or "auto" (None)
+                                                             (overlap: 1 MiB)
 autotune             HOROVOD_PRIO_AUTOTUNE         False     bool: tune an auto credit online
 monitor              HOROVOD_PRIO_MONITOR          True      bool: time steps, adapt priorities
 trace_path           HOROVOD_PRIO_TRACE            None      path
@@ -79,6 +80,10 @@ Notes:
   An explicit value always wins over the tuner.
   It need not be >= ``partition_bytes``: a chunk bigger than the credit still
   goes out, alone, when nothing else is in flight.
+* Under ``hvd.overlap`` the defaults differ: ``partition_bytes`` 1 MiB for
+  the overlapped optimizer, and ``credit_bytes`` 1 MiB for the process once
+  an optimizer overlaps (unless ``autotune`` is on). A value given (keyword
+  or env) always wins.
 """
 from __future__ import annotations
 
@@ -93,11 +98,20 @@ from . import units
 from .policy import AdaptivePriorityPolicy
 from .sequence import SCENES, base_priorities, partition_groups
 
-__all__ = ["PriorityConfig", "ENV_PREFIX", "register_env_var"]
+__all__ = ["PriorityConfig", "ENV_PREFIX", "register_env_var", "OVERLAP_PARTITION_BYTES",
+           "OVERLAP_CREDIT_BYTES"]
 
 logger = logging.getLogger("horovod_prio")
 
 ENV_PREFIX = "HOROVOD_PRIO_"
+
+#: Under ``hvd.overlap``, unless given: smaller chunks and a credit of one
+#: chunk, so that the input-side chunks the next forward needs first can
+#: overtake the output-side ones still queued (docs/overlap.md, "Chunk size
+#: and credit under overlap"). Without a credit every chunk goes to Horovod as
+#: soon as it is ready and the priority order never acts.
+OVERLAP_PARTITION_BYTES = 1024 * 1024
+OVERLAP_CREDIT_BYTES = 1024 * 1024
 _ENV_OVERRIDES = {"trace_path": "HOROVOD_PRIO_TRACE"}
 # HOROVOD_PRIO_* variables read elsewhere (not config knobs): never "unknown".
 # tools/install.sh wheel cache; the test suite's "a missing stack fails" switch
@@ -395,6 +409,31 @@ class PriorityConfig:
 
         for name in names:
             object.__setattr__(self, name, values[name])
+        # not a field: equality and as_dict stay about values
+        object.__setattr__(self, "_explicit",
+                           frozenset(n for n, src in sources.items() if src != "default"))
+
+    def is_set(self, field_name: str) -> bool:
+        """Whether ``field_name`` was given (keyword argument or env var), as
+        opposed to left at its default."""
+        if field_name not in _PARSERS:
+            raise ValueError(f"PriorityConfig has no field {field_name!r}")
+        return field_name in self._explicit
+
+    # ------------------------------------------------------- barrier crossing
+    def overlap_partition_bytes(self) -> int:
+        """``partition_bytes`` for an overlapped (``hvd.overlap``) optimizer:
+        the value given, else :data:`OVERLAP_PARTITION_BYTES`."""
+        return (self.partition_bytes if self.is_set("partition_bytes")
+                else OVERLAP_PARTITION_BYTES)
+
+    def overlap_credit_bytes(self) -> Optional[int]:
+        """``credit_bytes`` for a process that overlaps: the value given, else
+        ``None`` under ``autotune`` (the tuner decides), else
+        :data:`OVERLAP_CREDIT_BYTES`."""
+        if self.is_set("credit_bytes") or self.autotune:
+            return self.credit_bytes
+        return OVERLAP_CREDIT_BYTES
 
     @classmethod
     def _where(cls, name: str, source: str) -> str:

@@ -55,6 +55,7 @@ class Runtime:
         self.arbiter = None
         self.clock = None
         self.tuner = None
+        self.overlap_credit = None      # set once an optimizer overlaps (use_overlap_credit)
         self._tuned_monitor = None
         self.hold = False
         self.monitors = []
@@ -169,6 +170,23 @@ class Runtime:
             return ident
 
     # ------------------------------------------------------------------ overlap (docs/overlap.md)
+    def use_overlap_credit(self, config):
+        """An optimizer overlaps: unless a credit was given (or autotune
+        decides), the process's credit becomes
+        :meth:`PriorityConfig.overlap_credit_bytes` - without one the priority
+        order never acts and the next forward waits behind every chunk. Only
+        rank 0 holds chunks; the other ranks record it. Idempotent."""
+        if config.is_set("credit_bytes") or config.autotune:
+            return
+        credit = config.overlap_credit_bytes()
+        with self._lock:
+            if self.overlap_credit is not None:
+                return
+            self.overlap_credit = credit
+        self.scheduler.configure(credit, self.hold)
+        log.info("horovod_prio: hvd.overlap: credit %d B (set HOROVOD_PRIO_CREDIT_BYTES to "
+                 "choose; 'auto' = no limit)", credit)
+
     def add_overlap_worker(self, worker):
         """Own and start an :class:`~horovod_prio.runtime.overlap.OverlapWorker`
         (flushed and stopped at shutdown, before the trace closes)."""

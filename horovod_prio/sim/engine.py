@@ -308,16 +308,18 @@ class _Job:
             if mode == "adaptive":
                 self.policy = pcfg.make_policy(len(groups))
             # The product's chunk plan (one tensor per layer) and release scheduler.
+            # under overlap the product's own defaults for it (PriorityConfig)
+            partition = pcfg.overlap_partition_bytes() if spec.overlap else pcfg.partition_bytes
+            credit = pcfg.overlap_credit_bytes() if spec.overlap else pcfg.credit_bytes
             plan = make_plan([TensorSpec(p // prof.dtype_bytes, "float", prof.dtype_bytes)
                               for p in sizes], [[i] for i in range(len(sizes))], groups,
-                             pcfg.partition_bytes, prefix="job%d" % idx)
+                             partition, prefix="job%d" % idx)
             self.chunks = [(ready[c.last_tensor], c.group, c.name, c.nbytes) for c in plan.chunks]
             # tensor (= task, backprop order) -> the chunks holding a piece of it
             self.task_chunks = [sorted({c for c, _ in plan.pieces()[t]})
                                 for t in range(len(sizes))]
             self.sched = Scheduler()
-            self.sched.configure(UNLIMITED if pcfg.credit_bytes is None else pcfg.credit_bytes,
-                                 True)
+            self.sched.configure(UNLIMITED if credit is None else credit, True)
             if arbiter is not None:
                 self.sched.set_external_grant(True)
             self.ticket_bytes: Dict[int, int] = {}

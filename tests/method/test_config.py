@@ -392,3 +392,29 @@ def test_credit_auto_or_bytes():
         PriorityConfig.from_env(env(credit_bytes="fast"))
     c = PriorityConfig.from_env(env(autotune="1", monitor="0"))
     assert c.autotune is True and c.monitor is False
+
+
+# ------------------------------------------------------------- overlap defaults
+def test_is_set_tells_given_fields_from_defaults(clean_env):
+    c = PriorityConfig.from_env({"HOROVOD_PRIO_CREDIT_BYTES": "2MiB"}, num_groups=3)
+    assert c.is_set("num_groups") and c.is_set("credit_bytes")
+    assert not c.is_set("partition_bytes") and not c.is_set("step")
+    # "auto" given explicitly is given (no limit, chosen)
+    assert PriorityConfig.from_env({"HOROVOD_PRIO_CREDIT_BYTES": "auto"}).is_set("credit_bytes")
+    with pytest.raises(ValueError, match="no field 'credit'"):
+        c.is_set("credit")
+    # not part of the value: equal configs stay equal
+    assert PriorityConfig.from_env({}, num_groups=4) == PriorityConfig.from_env({})
+
+
+def test_overlap_defaults_apply_only_to_what_was_not_given():
+    from horovod_prio.method.config import OVERLAP_CREDIT_BYTES, OVERLAP_PARTITION_BYTES
+    d = PriorityConfig.from_env({})
+    assert d.partition_bytes == 4 << 20 and d.credit_bytes is None   # synchronous defaults
+    assert d.overlap_partition_bytes() == OVERLAP_PARTITION_BYTES == 1 << 20
+    assert d.overlap_credit_bytes() == OVERLAP_CREDIT_BYTES == 1 << 20
+    given = PriorityConfig.from_env({"HOROVOD_PRIO_PARTITION_BYTES": "4MiB"}, credit_bytes="8MiB")
+    assert given.overlap_partition_bytes() == 4 << 20
+    assert given.overlap_credit_bytes() == 8 << 20
+    assert PriorityConfig.from_env({}, credit_bytes="auto").overlap_credit_bytes() is None
+    assert PriorityConfig.from_env({}, autotune=True).overlap_credit_bytes() is None

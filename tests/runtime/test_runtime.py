@@ -9,7 +9,7 @@ import pytest
 from horovod_prio.method.config import PriorityConfig
 from horovod_prio.runtime.runtime import Runtime
 from horovod_prio.runtime.trace import load_trace
-from horovod_prio.scheduler import Scheduler
+from horovod_prio.scheduler import UNLIMITED, Scheduler
 
 pytestmark = pytest.mark.scheduler_lib
 
@@ -69,6 +69,28 @@ def test_first_setup_configures_the_scheduler_rank0_holds_others_do_not():
     solo = runtime()
     solo.setup(cfg(), rank=0, size=1)
     assert solo.scheduler.stats()["hold"] is False
+
+
+def test_overlap_sets_the_default_credit_unless_one_was_given(caplog):
+    for rank, hold in ((0, True), (1, False)):
+        rt = runtime()
+        rt.setup(cfg(), rank=rank, size=2)
+        assert rt.scheduler.stats()["credit_bytes"] == UNLIMITED
+        with caplog.at_level(logging.INFO, logger="horovod_prio"):
+            rt.use_overlap_credit(cfg())
+            rt.use_overlap_credit(cfg())          # idempotent: logged once
+        st = rt.scheduler.stats()
+        assert st["credit_bytes"] == 1 << 20 and st["hold"] is hold
+        assert sum("hvd.overlap: credit" in r.getMessage() for r in caplog.records) == 1
+        caplog.clear()
+        rt.shutdown()
+    for given in (cfg(credit_bytes="8MiB"), cfg(credit_bytes="auto"), cfg(autotune=True)):
+        rt = runtime()
+        rt.setup(given, rank=0, size=2)
+        before = rt.scheduler.stats()["credit_bytes"]
+        rt.use_overlap_credit(given)
+        assert rt.scheduler.stats()["credit_bytes"] == before
+        rt.shutdown()
 
 
 def test_per_process_settings_conflict_with_a_clear_error():

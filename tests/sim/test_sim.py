@@ -310,6 +310,26 @@ def test_overlap_never_puts_a_chunk_name_in_flight_twice(monkeypatch):
     assert dup == []
 
 
+def test_overlap_uses_the_products_overlap_defaults(monkeypatch):
+    """Nothing given: 1 MiB chunks and a 1 MiB credit, as the binding under
+    hvd.overlap (PriorityConfig.overlap_*); given values win."""
+    made = []
+
+    class Spy(engine.Scheduler):
+        def configure(self, credit_bytes, hold):
+            made.append(credit_bytes)
+            return super().configure(credit_bytes, hold)
+
+    monkeypatch.setattr(engine, "Scheduler", Spy)
+    prof = Profile("one", (Layer("big", MIB, 0.01, 0.01),))     # 4 MiB of gradients
+    link = LinkConfig(bandwidth=64 * MIB)
+    for given, chunks, credit in (({}, 4, MIB), ({"partition_bytes": 4 * MIB,
+                                                  "credit_bytes": 2 * MIB}, 1, 2 * MIB)):
+        job = engine._Job(0, JobSpec(prof, 2, 1, overlap=True), engine._Sim(), None, link,
+                          pcfg(**given), "priority", [])
+        assert len(job.chunks) == chunks and made[-1] == credit
+
+
 def test_overlap_needs_a_priority_mode():
     with pytest.raises(ValueError, match=r"jobs\[0\]\.overlap.*fifo"):
         simulate([JobSpec(overlap_toy(), 2, 3, overlap=True)], "fifo")

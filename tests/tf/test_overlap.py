@@ -486,6 +486,37 @@ def test_overlap_switch(tf_env, clean_env):
         m.fit(x, y, batch_size=8, verbose=0)
 
 
+def test_overlap_chunk_and_credit_defaults(tf_env, clean_env):
+    """Under hvd.overlap, unless given: 1 MiB chunks for the overlapped
+    optimizer and a 1 MiB credit for the process; a given partition wins."""
+    tf, hvd, overlapped = tf_env
+    from horovod_prio.runtime import get_runtime
+    loss = tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+    rng = np.random.RandomState(0)
+    x, y = rng.randn(16, 600).astype("float32"), rng.randint(0, 2, size=(16,))
+    sizes = {}
+    for env in (None, "4MiB"):
+        clean_env.delenv("HOROVOD_PRIO_PARTITION_BYTES", raising=False)
+        clean_env.delenv("HOROVOD_PRIO_CREDIT_BYTES", raising=False)
+        if env:
+            clean_env.setenv("HOROVOD_PRIO_PARTITION_BYTES", env)
+        tf.keras.utils.set_random_seed(1)
+        m = hvd.overlap(tf.keras.Sequential([tf.keras.layers.Dense(512, input_shape=(600,)),
+                                             tf.keras.layers.Dense(2)]))
+        name = "Defaults%s" % env
+        m.compile(optimizer=hvd.DistributedOptimizer(tf.keras.optimizers.SGD(0.1), name=name),
+                  loss=loss)
+        m.fit(x, y, batch_size=8, epochs=1, verbose=0)
+        (st,) = [st for st in overlapped._states if st.base.name == name]
+        (pipe,) = st.pipelines.values()
+        sizes[env] = sorted(c.nbytes for c in pipe.plan.chunks)
+    # the 600x512 kernel (1.17 MiB) alone exceeds 1 MiB: cut in two by default
+    kernel = (600 * 512 + 512) * 4
+    assert sizes[None] == [2 * 513 * 4, kernel - (1 << 20), 1 << 20], sizes
+    assert sizes["4MiB"] == [2 * 513 * 4, kernel], sizes
+    assert get_runtime().overlap_credit == 1 << 20
+
+
 def test_config_field(clean_env):
     from horovod_prio import PriorityConfig
     assert PriorityConfig().overlap is None
