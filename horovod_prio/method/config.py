@@ -36,9 +36,9 @@ adjust_groups        HOROVOD_PRIO_ADJUST_GROUPS    1         int >= 1, <= num_gr
 step                 HOROVOD_PRIO_STEP             1         int >= 1
 max_boost            HOROVOD_PRIO_MAX_BOOST        4         int >= 0
 warmup_batches       HOROVOD_PRIO_WARMUP_BATCHES   2         int >= 0
-partition_bytes      HOROVOD_PRIO_PARTITION_BYTES  4 MiB     bytes >= 1024 (overlap: 1 MiB)
+partition_bytes      HOROVOD_PRIO_PARTITION_BYTES  4 MiB     bytes >= 1024 (overlap: below)
 credit_bytes         HOROVOD_PRIO_CREDIT_BYTES     auto      bytes >= 1024, or "auto" (None)
-                                                             (overlap: 1 MiB)
+                                                             (overlap: below)
 autotune             HOROVOD_PRIO_AUTOTUNE         False     bool: tune an auto credit online
 monitor              HOROVOD_PRIO_MONITOR          True      bool: time steps, adapt priorities
 trace_path           HOROVOD_PRIO_TRACE            None      path
@@ -80,10 +80,11 @@ Notes:
   An explicit value always wins over the tuner.
   It need not be >= ``partition_bytes``: a chunk bigger than the credit still
   goes out, alone, when nothing else is in flight.
-* Under ``hvd.overlap`` the defaults differ: ``partition_bytes`` 1 MiB for
-  the overlapped optimizer, and ``credit_bytes`` 1 MiB for the process once
-  an optimizer overlaps (unless ``autotune`` is on). A value given (keyword
-  or env) always wins.
+* Under ``hvd.overlap`` the defaults differ: ``partition_bytes`` is an
+  eighth of the overlapped optimizer's gradient bytes per step, within
+  [1 MiB, 4 MiB], and ``credit_bytes`` one such chunk for the process once an
+  optimizer overlaps (unless ``autotune`` is on). A value given (keyword or
+  env, ``auto`` included) always wins.
 """
 from __future__ import annotations
 
@@ -98,20 +99,24 @@ from . import units
 from .policy import AdaptivePriorityPolicy
 from .sequence import SCENES, base_priorities, partition_groups
 
-__all__ = ["PriorityConfig", "ENV_PREFIX", "register_env_var", "OVERLAP_PARTITION_BYTES",
-           "OVERLAP_CREDIT_BYTES"]
+__all__ = ["PriorityConfig", "ENV_PREFIX", "register_env_var", "OVERLAP_CHUNKS_PER_STEP",
+           "OVERLAP_MIN_PARTITION_BYTES", "OVERLAP_MAX_PARTITION_BYTES"]
 
 logger = logging.getLogger("horovod_prio")
 
 ENV_PREFIX = "HOROVOD_PRIO_"
 
-#: Under ``hvd.overlap``, unless given: smaller chunks and a credit of one
-#: chunk, so that the input-side chunks the next forward needs first can
-#: overtake the output-side ones still queued (docs/overlap.md, "Chunk size
-#: and credit under overlap"). Without a credit every chunk goes to Horovod as
-#: soon as it is ready and the priority order never acts.
-OVERLAP_PARTITION_BYTES = 1024 * 1024
-OVERLAP_CREDIT_BYTES = 1024 * 1024
+#: Under ``hvd.overlap``, unless given: a step's gradients cut into about
+#: OVERLAP_CHUNKS_PER_STEP chunks (clamped to [OVERLAP_MIN_PARTITION_BYTES,
+#: OVERLAP_MAX_PARTITION_BYTES]) and a credit of one chunk, so that the
+#: input-side chunks the next forward needs first can overtake the
+#: output-side ones still queued, at a bounded number of allreduces per step
+#: (docs/overlap.md, "Chunk size and credit under overlap"). Without a credit
+#: every chunk goes to Horovod as soon as it is ready and the priority order
+#: never acts.
+OVERLAP_CHUNKS_PER_STEP = 8
+OVERLAP_MIN_PARTITION_BYTES = 1024 * 1024
+OVERLAP_MAX_PARTITION_BYTES = 4 * 1024 * 1024
 _ENV_OVERRIDES = {"trace_path": "HOROVOD_PRIO_TRACE"}
 # HOROVOD_PRIO_* variables read elsewhere (not config knobs): never "unknown".
 # tools/install.sh wheel cache; the test suite's "a missing stack fails" switch
@@ -421,19 +426,26 @@ class PriorityConfig:
         return field_name in self._explicit
 
     # ------------------------------------------------------- barrier crossing
-    def overlap_partition_bytes(self) -> int:
-        """``partition_bytes`` for an overlapped (``hvd.overlap``) optimizer:
-        the value given, else :data:`OVERLAP_PARTITION_BYTES`."""
-        return (self.partition_bytes if self.is_set("partition_bytes")
-                else OVERLAP_PARTITION_BYTES)
+    def overlap_partition_bytes(self, step_bytes: int) -> int:
+        """``partition_bytes`` for an overlapped (``hvd.overlap``) optimizer
+        whose step sends ``step_bytes`` of gradients: the value given, else
+        ``step_bytes / OVERLAP_CHUNKS_PER_STEP`` clamped to
+        [``OVERLAP_MIN_PARTITION_BYTES``, ``OVERLAP_MAX_PARTITION_BYTES``]."""
+        if self.is_set("partition_bytes"):
+            return self.partition_bytes
+        if isinstance(step_bytes, bool) or not isinstance(step_bytes, numbers.Integral) \
+                or step_bytes < 0:
+            raise ValueError(f"step_bytes must be an integer >= 0, got {step_bytes!r}")
+        return max(OVERLAP_MIN_PARTITION_BYTES,
+                   min(OVERLAP_MAX_PARTITION_BYTES, int(step_bytes) // OVERLAP_CHUNKS_PER_STEP))
 
-    def overlap_credit_bytes(self) -> Optional[int]:
-        """``credit_bytes`` for a process that overlaps: the value given, else
-        ``None`` under ``autotune`` (the tuner decides), else
-        :data:`OVERLAP_CREDIT_BYTES`."""
+    def overlap_credit_bytes(self, partition_bytes: int) -> Optional[int]:
+        """``credit_bytes`` for a process that overlaps with chunks of
+        ``partition_bytes``: the value given, else ``None`` under ``autotune``
+        (the tuner decides), else one chunk."""
         if self.is_set("credit_bytes") or self.autotune:
             return self.credit_bytes
-        return OVERLAP_CREDIT_BYTES
+        return int(partition_bytes)
 
     @classmethod
     def _where(cls, name: str, source: str) -> str:

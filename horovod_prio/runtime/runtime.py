@@ -170,15 +170,16 @@ class Runtime:
             return ident
 
     # ------------------------------------------------------------------ overlap (docs/overlap.md)
-    def use_overlap_credit(self, config):
-        """An optimizer overlaps: unless a credit was given (or autotune
-        decides), the process's credit becomes
-        :meth:`PriorityConfig.overlap_credit_bytes` - without one the priority
-        order never acts and the next forward waits behind every chunk. Only
-        rank 0 holds chunks; the other ranks record it. Idempotent."""
+    def use_overlap_credit(self, config, partition_bytes):
+        """An optimizer overlaps with chunks of ``partition_bytes``: unless a
+        credit was given (or autotune decides), the process's credit becomes
+        :meth:`PriorityConfig.overlap_credit_bytes` (one chunk) - without one
+        the priority order never acts and the next forward waits behind every
+        chunk. The first overlapped optimizer decides; only rank 0 holds
+        chunks, the other ranks record it."""
         if config.is_set("credit_bytes") or config.autotune:
             return
-        credit = config.overlap_credit_bytes()
+        credit = config.overlap_credit_bytes(partition_bytes)
         with self._lock:
             if self.overlap_credit is not None:
                 return

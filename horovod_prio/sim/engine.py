@@ -309,8 +309,9 @@ class _Job:
                 self.policy = pcfg.make_policy(len(groups))
             # The product's chunk plan (one tensor per layer) and release scheduler.
             # under overlap the product's own defaults for it (PriorityConfig)
-            partition = pcfg.overlap_partition_bytes() if spec.overlap else pcfg.partition_bytes
-            credit = pcfg.overlap_credit_bytes() if spec.overlap else pcfg.credit_bytes
+            partition = (pcfg.overlap_partition_bytes(sum(sizes)) if spec.overlap
+                         else pcfg.partition_bytes)
+            credit = pcfg.overlap_credit_bytes(partition) if spec.overlap else pcfg.credit_bytes
             plan = make_plan([TensorSpec(p // prof.dtype_bytes, "float", prof.dtype_bytes)
                               for p in sizes], [[i] for i in range(len(sizes))], groups,
                              partition, prefix="job%d" % idx)

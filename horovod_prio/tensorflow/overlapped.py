@@ -350,7 +350,6 @@ class _Pipeline:
         base, opt = state.base, state.opt
         runtime = get_runtime()
         runtime.setup(base.config, _hvd.rank(), _hvd.size(), owner=base.name)
-        runtime.use_overlap_credit(base.config)
         self.state = state
         self.variables = list(variables)
         self.shapes = [g.shape for g in grads]
@@ -364,9 +363,11 @@ class _Pipeline:
         self.name, self.monitor = runtime.identity(base.name, key, base.config, len(groups),
                                                    ops.StepClock.get())
         self.num_groups = len(groups)
-        self.plan = make_plan([TensorSpec(int(f.shape[0]), f.dtype.name, f.dtype.size)
-                               for f in flats], self.tasks, groups,
-                              base.config.overlap_partition_bytes(), prefix=self.name)
+        specs = [TensorSpec(int(f.shape[0]), f.dtype.name, f.dtype.size) for f in flats]
+        partition = base.config.overlap_partition_bytes(sum(t.nelems * t.itemsize
+                                                            for t in specs))
+        self.plan = make_plan(specs, self.tasks, groups, partition, prefix=self.name)
+        runtime.use_overlap_credit(base.config, partition)
         self.hypers = _hyper_variables(opt, state.legacy)
         # slots: iterations, priorities, hyperparameters, then the chunks
         self.meta = [("iterations", tf.int64, []), ("priorities", tf.int32, [self.num_groups])]

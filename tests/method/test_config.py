@@ -408,13 +408,18 @@ def test_is_set_tells_given_fields_from_defaults(clean_env):
 
 
 def test_overlap_defaults_apply_only_to_what_was_not_given():
-    from horovod_prio.method.config import OVERLAP_CREDIT_BYTES, OVERLAP_PARTITION_BYTES
     d = PriorityConfig.from_env({})
     assert d.partition_bytes == 4 << 20 and d.credit_bytes is None   # synchronous defaults
-    assert d.overlap_partition_bytes() == OVERLAP_PARTITION_BYTES == 1 << 20
-    assert d.overlap_credit_bytes() == OVERLAP_CREDIT_BYTES == 1 << 20
+    # an eighth of a step's gradient bytes, within [1 MiB, 4 MiB]
+    assert d.overlap_partition_bytes(24 << 20) == 3 << 20
+    assert d.overlap_partition_bytes(8 << 20) == 1 << 20
+    assert d.overlap_partition_bytes(1000) == 1 << 20
+    assert d.overlap_partition_bytes(100 << 20) == 4 << 20
+    assert d.overlap_credit_bytes(3 << 20) == 3 << 20                # one chunk
+    with pytest.raises(ValueError, match="step_bytes"):
+        d.overlap_partition_bytes(-1)
     given = PriorityConfig.from_env({"HOROVOD_PRIO_PARTITION_BYTES": "4MiB"}, credit_bytes="8MiB")
-    assert given.overlap_partition_bytes() == 4 << 20
-    assert given.overlap_credit_bytes() == 8 << 20
-    assert PriorityConfig.from_env({}, credit_bytes="auto").overlap_credit_bytes() is None
-    assert PriorityConfig.from_env({}, autotune=True).overlap_credit_bytes() is None
+    assert given.overlap_partition_bytes(8 << 20) == 4 << 20
+    assert given.overlap_credit_bytes(4 << 20) == 8 << 20
+    assert PriorityConfig.from_env({}, credit_bytes="auto").overlap_credit_bytes(1 << 20) is None
+    assert PriorityConfig.from_env({}, autotune=True).overlap_credit_bytes(1 << 20) is None

@@ -311,8 +311,9 @@ def test_overlap_never_puts_a_chunk_name_in_flight_twice(monkeypatch):
 
 
 def test_overlap_uses_the_products_overlap_defaults(monkeypatch):
-    """Nothing given: 1 MiB chunks and a 1 MiB credit, as the binding under
-    hvd.overlap (PriorityConfig.overlap_*); given values win."""
+    """Nothing given: as the binding under hvd.overlap (PriorityConfig.
+    overlap_*): 4 MiB per step / 8 -> the 1 MiB floor, a credit of one chunk;
+    given values win."""
     made = []
 
     class Spy(engine.Scheduler):

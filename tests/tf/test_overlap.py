@@ -487,8 +487,9 @@ def test_overlap_switch(tf_env, clean_env):
 
 
 def test_overlap_chunk_and_credit_defaults(tf_env, clean_env):
-    """Under hvd.overlap, unless given: 1 MiB chunks for the overlapped
-    optimizer and a 1 MiB credit for the process; a given partition wins."""
+    """Under hvd.overlap, unless given: chunks of an eighth of the step's
+    gradient bytes within [1 MiB, 4 MiB] (here 1.18 MiB / 8 -> 1 MiB) and a
+    credit of one chunk for the process; a given partition wins."""
     tf, hvd, overlapped = tf_env
     from horovod_prio.runtime import get_runtime
     loss = tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True)
