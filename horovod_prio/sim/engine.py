@@ -43,6 +43,12 @@ Model (see docs/sim.md for the discussion):
   arbiter, which is the product's :class:`horovod_prio.arbiter.core.Arbiter`
   on the simulated clock, and the requests a completion unblocks reach the
   arbiter before the completion does.
+* **Barrier crossing** (``JobSpec.overlap``, priority modes): as
+  ``hvd.overlap`` - the next call starts when the backward pass ends and its
+  forward reaches layer i only once layer i's chunks of the previous step are
+  reduced; chunk size and credit default as the product's under overlap
+  (:meth:`PriorityConfig.overlap_partition_bytes`); the last step ends at the
+  final flush.
 * **Adaptive** (``adaptive``): one :class:`~horovod_prio.method.policy.
   AdaptivePriorityPolicy` per job (built by :meth:`PriorityConfig.make_policy`
   - the product's code), ``before_batch()`` at step start, ``after_batch(t)``
