@@ -30,7 +30,7 @@ from horovod_prio.method import units
 from horovod_prio.method.config import PriorityConfig
 from horovod_prio.sim.cli import parse_rate
 from horovod_prio.sim.engine import TOPOLOGIES, JobSpec, LinkConfig, comm_floor, simulate
-from horovod_prio.sim.profiles import Profile, load_profile
+from horovod_prio.sim.profiles import BUILTIN, Profile, get_profile
 
 
 def _steady(result) -> float:
@@ -158,7 +158,9 @@ def _credit(text: str) -> Optional[int]:
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(prog="python -m benchmarks.overlap_ceiling",
                                 description=__doc__.split("\n\n")[0])
-    p.add_argument("--profile", required=True, help="profile JSON (benchmarks.profile_model)")
+    p.add_argument("--profile", required=True,
+                   help="profile JSON (benchmarks.profile_model) or a built-in model: "
+                        + ", ".join(BUILTIN))
     p.add_argument("--rate", required=True, type=parse_rate, help="link rate, e.g. 300mbit")
     p.add_argument("--workers", type=units.arg(units.parse_int, 2), default=2)
     p.add_argument("--topology", choices=TOPOLOGIES, default="bus",
@@ -188,7 +190,7 @@ def main(argv=None) -> int:
     if not a.compute_scale > 0:
         p.error(f"argument --compute-scale: must be > 0, got {a.compute_scale}")
     try:
-        prof = load_profile(a.profile)
+        prof = get_profile(a.profile)
     except (OSError, ValueError) as e:
         p.error(f"argument --profile: {e}")
     link = LinkConfig(bandwidth=a.rate, topology=a.topology)   # parse_rate: bytes/s

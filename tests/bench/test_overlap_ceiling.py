@@ -63,3 +63,8 @@ def test_cli_writes_tables_and_names_bad_flags(tmp_path, capsys):
     with pytest.raises(SystemExit):
         oc.main(["--profile", str(tmp_path / "missing.json"), "--rate", "128mbit"])
     assert "--profile" in capsys.readouterr().err
+    # a built-in model by name
+    assert oc.main(["--profile", "resnet50", "--rate", "10gbit", "--workers", "8",
+                    "--topology", "nic", "--partitions", "4MiB", "--credits", "4MiB",
+                    "--steps", "4"]) == 0
+    assert "resnet50, batch 64, 8 ranks" in capsys.readouterr().out
