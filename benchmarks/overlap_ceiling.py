@@ -20,9 +20,11 @@ the background update, Horovod's negotiation beyond its cycle time.
 from __future__ import annotations
 
 import argparse
+import datetime
 import json
 import os
 import statistics
+import subprocess
 import sys
 from typing import List, Optional
 
@@ -148,6 +150,16 @@ def table(res: dict, partitions, credits) -> str:
     return "\n".join(lines)
 
 
+def _git_head() -> Optional[str]:
+    try:
+        out = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
+                             text=True, timeout=10,
+                             cwd=os.path.dirname(os.path.abspath(__file__)))
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return out.stdout.strip() or None
+
+
 def _credit(text: str) -> Optional[int]:
     t = text.strip().lower()
     if t in ("none", "unlimited", "0"):
@@ -200,7 +212,8 @@ def main(argv=None) -> int:
     except ValueError as e:
         p.error(str(e))
     res = ceiling(prof.scaled(scale), a.workers, link, a.steps, parts, credits)
-    res.update(profile=a.profile, rate_bit_s=a.rate * 8, workers=a.workers, topology=a.topology,
+    res.update(date=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+               git=_git_head(), profile=a.profile, rate_bit_s=a.rate * 8, workers=a.workers, topology=a.topology,
                compute_scale=scale, hvd_step_measured=a.hvd_step,
                command="python -m benchmarks.overlap_ceiling " + " ".join(
                    sys.argv[1:] if argv is None else argv))

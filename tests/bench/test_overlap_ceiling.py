@@ -51,6 +51,7 @@ def test_cli_writes_tables_and_names_bad_flags(tmp_path, capsys):
     assert rc == 0
     data = json.loads((out / "ceiling.json").read_text())
     assert len(data["grid"]) == 2 and data["compute_scale"] == 1.0
+    assert data["date"].startswith("20") and "git" in data     # for results/README.md
     # 8.5 MiB of gradients, 2 ranks on their own NICs: 8.5 MiB cross each at 128 Mbit/s
     assert data["link_floor_s"] == pytest.approx(8.5 * MIB * 8 / 128e6, rel=1e-9)
     assert "| 1 MiB |" in (out / "ceiling.md").read_text()
