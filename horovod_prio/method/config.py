@@ -420,7 +420,8 @@ class PriorityConfig:
 
     def is_set(self, field_name: str) -> bool:
         """Whether ``field_name`` was given (keyword argument or env var), as
-        opposed to left at its default."""
+        opposed to left at its default. ``dataclasses.replace`` passes every
+        field, so a replaced config has every field given."""
         if field_name not in _PARSERS:
             raise ValueError(f"PriorityConfig has no field {field_name!r}")
         return field_name in self._explicit

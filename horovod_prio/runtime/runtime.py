@@ -130,7 +130,8 @@ class Runtime:
             except TypeError:  # unhashable key: no caching
                 return factory()
 
-    def identity(self, base_name, key, config, num_groups, clock, step_bytes=0):
+    def identity(self, base_name, key, config, num_groups, clock, step_bytes=0,
+                 partition_bytes=None):
         """``(name, monitor)`` of one optimizer/tape identity.
 
         ``key`` tells identities apart (e.g. the variables reduced): the same
@@ -139,7 +140,9 @@ class Runtime:
         ... in first-use order, which is the same on every rank. ``monitor``
         is None when ``config.monitor`` is off (fixed priorities, no step
         timing). ``step_bytes``: the gradient bytes one step sends (the
-        tuner's candidates are fractions of it)."""
+        tuner's candidates are fractions of it). ``partition_bytes``: the
+        chunk size this identity uses, when not ``config.partition_bytes``
+        (hvd.overlap's default); logged."""
         with self._lock:
             ident = self._identities.get((base_name, key))
             if ident is not None:
@@ -154,7 +157,8 @@ class Runtime:
                 self.clock = clock
             elif clock is not self.clock:
                 raise RuntimeError("horovod_prio: one step clock per process")
-            monitor = Monitor(name, config, num_groups, self.rank, clock, self.writer)
+            monitor = Monitor(name, config, num_groups, self.rank, clock, self.writer,
+                              partition_bytes)
             self.monitors.append(monitor)
             ident = self._identities[(base_name, key)] = (name, monitor)
             if self.tuner is None and self.hold and self.settings.autotune \

@@ -360,12 +360,13 @@ class _Pipeline:
         self.tasks = layer_tasks(self.variables)
         groups = base.config.make_groups(len(self.tasks))
         key = ("overlap",) + _identity_key(self.variables, grads)
-        self.name, self.monitor = runtime.identity(base.name, key, base.config, len(groups),
-                                                   ops.StepClock.get())
-        self.num_groups = len(groups)
         specs = [TensorSpec(int(f.shape[0]), f.dtype.name, f.dtype.size) for f in flats]
         partition = base.config.overlap_partition_bytes(sum(t.nelems * t.itemsize
                                                             for t in specs))
+        self.name, self.monitor = runtime.identity(base.name, key, base.config, len(groups),
+                                                   ops.StepClock.get(),
+                                                   partition_bytes=partition)
+        self.num_groups = len(groups)
         self.plan = make_plan(specs, self.tasks, groups, partition, prefix=self.name)
         runtime.use_overlap_credit(base.config, partition)
         self.hypers = _hyper_variables(opt, state.legacy)
