@@ -24,7 +24,6 @@ import datetime
 import json
 import os
 import statistics
-import subprocess
 import sys
 from typing import List, Optional
 
@@ -33,6 +32,8 @@ from horovod_prio.method.config import PriorityConfig
 from horovod_prio.sim.cli import parse_rate
 from horovod_prio.sim.engine import TOPOLOGIES, JobSpec, LinkConfig, comm_floor, simulate
 from horovod_prio.sim.profiles import BUILTIN, Profile, get_profile
+
+from .harness import git_rev
 
 
 def _steady(result) -> float:
@@ -150,16 +151,6 @@ def table(res: dict, partitions, credits) -> str:
     return "\n".join(lines)
 
 
-def _git_head() -> Optional[str]:
-    try:
-        out = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
-                             text=True, timeout=10,
-                             cwd=os.path.dirname(os.path.abspath(__file__)))
-    except (OSError, subprocess.SubprocessError):
-        return None
-    return out.stdout.strip() or None
-
-
 def _credit(text: str) -> Optional[int]:
     t = text.strip().lower()
     if t in ("none", "unlimited", "0"):
@@ -213,7 +204,7 @@ def main(argv=None) -> int:
         p.error(str(e))
     res = ceiling(prof.scaled(scale), a.workers, link, a.steps, parts, credits)
     res.update(date=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-               git=_git_head(), profile=a.profile, rate_bit_s=a.rate * 8, workers=a.workers, topology=a.topology,
+               git=git_rev(), profile=a.profile, rate_bit_s=a.rate * 8, workers=a.workers, topology=a.topology,
                compute_scale=scale, hvd_step_measured=a.hvd_step,
                command="python -m benchmarks.overlap_ceiling " + " ".join(
                    sys.argv[1:] if argv is None else argv))

@@ -181,9 +181,9 @@ class Runtime:
         the priority order never acts and the next forward waits behind every
         chunk. The first overlapped optimizer decides; only rank 0 holds
         chunks, the other ranks record it."""
-        if config.is_set("credit_bytes") or config.autotune:
-            return
         credit = config.overlap_credit_bytes(partition_bytes)
+        if credit == config.credit_bytes:    # given, or autotune's: already in force
+            return
         with self._lock:
             if self.overlap_credit is not None:
                 return

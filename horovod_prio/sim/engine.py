@@ -322,9 +322,7 @@ class _Job:
                               for p in sizes], [[i] for i in range(len(sizes))], groups,
                              partition, prefix="job%d" % idx)
             self.chunks = [(ready[c.last_tensor], c.group, c.name, c.nbytes) for c in plan.chunks]
-            # tensor (= task, backprop order) -> the chunks holding a piece of it
-            self.task_chunks = [sorted({c for c, _ in plan.pieces()[t]})
-                                for t in range(len(sizes))]
+            self.plan = plan
             self.sched = Scheduler()
             self.sched.configure(UNLIMITED if credit is None else credit, True)
             if arbiter is not None:
@@ -354,10 +352,12 @@ class _Job:
             self.step_left: Dict[int, int] = {}          # step -> chunks not done
             self.ticket_step: Dict[int, tuple] = {}
             self.step_prios: Dict[int, tuple] = {}
-            self.chunk_tasks = [[] for _ in self.chunks]
-            for t, cs in enumerate(self.task_chunks):
-                for c in cs:
-                    self.chunk_tasks[c].append(t)
+            # tensor (= task, backprop order) -> how many chunks hold a piece of it,
+            # and chunk -> the tasks it holds pieces of
+            pieces = self.plan.pieces()
+            self.task_nchunks = [len({c for c, _ in pieces[t]}) for t in range(nt)]
+            self.chunk_tasks = [sorted({seg.tensor for seg in c.segments})
+                                for c in self.plan.chunks]
             self.fwd_wait = None
         # horovod engine state
         self.hq: List = []
@@ -386,7 +386,7 @@ class _Job:
             f = 1.0 + self.spec.jitter * (2.0 * self.rng.random() - 1.0)
         self.f = f
         if self.overlap:
-            self.chunk_left[self.step] = [len(cs) for cs in self.task_chunks]
+            self.chunk_left[self.step] = list(self.task_nchunks)
             self.step_left[self.step] = len(self.chunks)
             self._forward(0)
             return
