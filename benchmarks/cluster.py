@@ -19,8 +19,10 @@ comma-separated list: an implementation first -- ``horovod``, ``prio``
 (horovod_prio alone) or ``arb`` (horovod_prio asking the arbiter) -- then any of
 ``class=N`` (HOROVOD_PRIO_JOB_PRIORITY, the job's class at the arbiter; arb
 only), ``start=S`` (released S seconds after the other jobs' common start: a
-job joining later), ``steps=N``, ``batch=N``, ``model=mlp|cnn``, and
-``HOROVOD_PRIO_<X>=V`` (extra environment of a prio/arb job).
+job joining later), ``steps=N``, ``batch=N``, ``model=`` one of --model's choices,
+``overlap`` (``model = hvd.overlap(model)``: barrier crossing; prio/arb only, kept
+in the ``prio`` variant) and ``HOROVOD_PRIO_<X>=V`` (extra environment of a
+prio/arb job).
 
 --variants: which versions of that job list run, side by side in the same
 invocation (repeats interleaved, order rotated each repeat): ``hvd`` = every
@@ -71,6 +73,7 @@ LINK_NAME = "uplink"
 RESERVED_ENV = ("HOROVOD_PRIO_ARBITER", "HOROVOD_PRIO_LINK", "HOROVOD_PRIO_JOB_ID",
                 "HOROVOD_PRIO_ARBITER_SECRET", "HOROVOD_PRIO_ARBITER_SECRET_FILE",
                 "HOROVOD_PRIO_JOB_PRIORITY")
+MODELS = HARNESS_MODELS
 MAX_START = 500.0       # workload.py waits at most 600 s for its go file
 
 
@@ -78,7 +81,7 @@ MAX_START = 500.0       # workload.py waits at most 600 s for its go file
 def parse_job(s: str) -> dict:
     """``"arb,class=1,start=10,HOROVOD_PRIO_CREDIT_BYTES=32MiB"`` -> a job dict."""
     d = {"impl": None, "class": None, "start": 0.0, "steps": None, "batch": None,
-         "model": None, "env": {}}
+         "model": None, "overlap": False, "env": {}}
     toks = [t.strip() for t in str(s).split(",")]
     if not any(toks):
         raise argparse.ArgumentTypeError("empty job spec: expected e.g. prio or arb,class=1")
@@ -88,6 +91,9 @@ def parse_job(s: str) -> dict:
         if "=" not in tok:
             if i == 0 and tok in IMPLS:
                 d["impl"] = tok
+                continue
+            if i > 0 and tok == "overlap":
+                d["overlap"] = True
                 continue
             raise argparse.ArgumentTypeError(
                 f"job spec {s!r}: {tok!r} is not key=value (the implementation, first, is one "
@@ -111,8 +117,8 @@ def parse_job(s: str) -> dict:
                     raise ValueError("expected an integer >= 1")
                 d[k] = x
             elif k == "model":
-                if v not in ("mlp", "cnn"):
-                    raise ValueError("expected mlp or cnn")
+                if v not in MODELS:
+                    raise ValueError(f"expected one of {', '.join(MODELS)}")
                 d["model"] = v
             elif k.startswith("HOROVOD_PRIO_"):
                 if k in RESERVED_ENV:
@@ -120,7 +126,7 @@ def parse_job(s: str) -> dict:
                 d["env"][k] = v
             else:
                 raise ValueError("unknown key (impl, class, start, steps, batch, model, "
-                                 "HOROVOD_PRIO_*)")
+                                 "overlap, HOROVOD_PRIO_*)")
         except ValueError as e:
             raise argparse.ArgumentTypeError(f"job spec {s!r}: {k}={v!r}: {e}") from None
     if d["impl"] is None:
@@ -132,6 +138,9 @@ def parse_job(s: str) -> dict:
     if d["env"] and d["impl"] == "horovod":
         raise argparse.ArgumentTypeError(
             f"job spec {s!r}: HOROVOD_PRIO_* settings need a prio or arb job")
+    if d["overlap"] and d["impl"] == "horovod":
+        raise argparse.ArgumentTypeError(
+            f"job spec {s!r}: overlap is hvd.overlap, horovod_prio's: needs a prio or arb job")
     return d
 
 
@@ -141,7 +150,7 @@ def variant_jobs(specs: list[dict], variant: str) -> list[dict]:
     for d in specs:
         d = dict(d, env=dict(d["env"]))
         if variant == "hvd":
-            d.update(impl="horovod", env={}, **{"class": None})
+            d.update(impl="horovod", env={}, overlap=False, **{"class": None})
         elif variant == "prio" and d["impl"] == "arb":
             d.update(impl="prio", **{"class": None})
         out.append(d)
@@ -152,6 +161,8 @@ def job_label(d: dict) -> str:
     s = SHORT[d["impl"]]
     if d.get("class") is not None:
         s += f"(c{d['class']})"
+    if d.get("overlap"):
+        s += "+ov"
     if d.get("start"):
         s += f"@{d['start']:g}s"
     return s
@@ -298,7 +309,9 @@ def make_jobs(descs: list[dict], args) -> list[ClusterJob]:
         jobs.append(ClusterJob(
             name=f"job{i}", impl="horovod" if d["impl"] == "horovod" else "prio",
             model=d["model"], batch=d["batch"], steps=d["steps"], warmup=args.warmup,
-            threads=args.threads, inter_threads=args.inter_threads, env=env, start=d["start"], hosts=(ra[i], rb[i]),
+            threads=args.threads, inter_threads=args.inter_threads, env=env, start=d["start"],
+            extra_args=["--overlap"] if d.get("overlap") and d["impl"] != "horovod" else [],
+            hosts=(ra[i], rb[i]),
             arbiter=d["impl"] == "arb", job_class=d.get("class")))
     return jobs
 

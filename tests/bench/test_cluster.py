@@ -12,13 +12,15 @@ from benchmarks.cluster import parse_job
 # ------------------------------------------------------------------ job specs
 def test_job_specs():
     assert parse_job("prio") == {"impl": "prio", "class": None, "start": 0.0, "steps": None,
-                                 "batch": None, "model": None, "env": {}}
+                                 "batch": None, "model": None, "overlap": False, "env": {}}
     d = parse_job("arb,class=1,start=12.5,steps=40,batch=256,model=cnn,"
                   "HOROVOD_PRIO_CREDIT_BYTES=32MiB")
     assert (d["impl"], d["class"], d["start"], d["steps"], d["batch"], d["model"]) == (
         "arb", 1, 12.5, 40, 256, "cnn")
     assert d["env"] == {"HOROVOD_PRIO_CREDIT_BYTES": "32MiB"}
     assert parse_job("impl=horovod,start=3")["impl"] == "horovod"
+    d = parse_job("arb,overlap,model=mobilenetv2")
+    assert (d["overlap"], d["model"]) == (True, "mobilenetv2")
 
 
 @pytest.mark.parametrize("spec, needle", [
@@ -36,6 +38,8 @@ def test_job_specs():
     ("arb,HOROVOD_PRIO_JOB_PRIORITY=2", "class="),
     ("horovod,HOROVOD_PRIO_STEP=2", "prio or arb"),
     ("prio,2", "not key=value"),
+    ("overlap", "implementation"),
+    ("horovod,overlap", "needs a prio or arb job"),
 ])
 def test_bad_job_specs_are_named(spec, needle, capsys):
     with pytest.raises(SystemExit):
@@ -77,6 +81,11 @@ def test_variants():
     # without arb jobs "prio" is the same job list as "spec": run once
     assert cluster.variants_to_run([parse_job("prio")] * 2, ["prio", "spec"]) == ["hvd", "prio"]
     assert [cluster.job_label(d) for d in specs] == ["arb(c1)", "hvd@5s"]
+    # barrier crossing stays in the prio variant, never reaches plain Horovod
+    ov = [parse_job("arb,overlap")]
+    assert [d["overlap"] for d in cluster.variant_jobs(ov, "hvd")] == [False]
+    assert [(d["impl"], d["overlap"]) for d in cluster.variant_jobs(ov, "prio")] == [("prio", True)]
+    assert cluster.job_label(ov[0]) == "arb+ov"
 
 
 def test_plan_interleaves_and_rotates():
@@ -95,6 +104,7 @@ def test_each_job_gets_its_own_pair_of_hosts_across_the_racks(tmp_path, monkeypa
         (True, 1, "prio", 0.0), (False, None, "prio", 10.0)]
     cmd = cluster.cluster_job_command(jobs[1], tmp_path, "gloo")
     s = " ".join(cmd)
+    assert "--overlap" not in cmd
     assert s.startswith("/venv/bin/horovodrun --gloo -np 2 -H a2:1,b2:1 "
                         "--network-interface eth0")
     assert "-m benchmarks.workload --impl prio" in s and "--warmup 2" in s
@@ -105,6 +115,17 @@ def test_each_job_gets_its_own_pair_of_hosts_across_the_racks(tmp_path, monkeypa
     t = cluster.make_topology(2, a, tag="c1")
     assert {h.name: h.rack for h in t.hosts} == {"head": "A", "arbiter": "A", "a1": "A",
                                                  "a2": "A", "b1": "B", "b2": "B"}
+
+
+def test_overlap_job_runs_the_workload_with_overlap(tmp_path, monkeypatch):
+    monkeypatch.setattr(cluster, "horovodrun_path", lambda: "/venv/bin/horovodrun")
+    a = cluster.parse_args(["--job", "arb,overlap,model=mobilenetv2", "--job", "arb"])
+    ov, plain = cluster.make_jobs(a.job, a)
+    cmd = cluster.cluster_job_command(ov, tmp_path, "gloo")
+    assert cmd[-1] == "--overlap" and cmd[cmd.index("--model") + 1] == "mobilenetv2"
+    assert "--overlap" not in cluster.cluster_job_command(plain, tmp_path, "gloo")
+    hvd = cluster.make_jobs(cluster.variant_jobs(a.job, "hvd"), a)
+    assert all("--overlap" not in cluster.cluster_job_command(j, tmp_path, "gloo") for j in hvd)
 
 
 def test_cpu_pinning_per_host():
