@@ -149,10 +149,32 @@ def overlap_timeline(evs: list[dict], first_step: int, nsteps: int = 2) -> dict:
     return out
 
 
-def plot_overlap(trace: Path, out: Path, first_step: int = 8, nsteps: int = 2) -> Path:
+def task_rows(tasks, max_rows: int = 16) -> dict:
+    """Rows for the waits of ``tasks`` (task numbers, backprop order: the input
+    side is the highest): one row per task, or -- for models with more tasks
+    than ``max_rows`` (MobileNetV2 has > 100) -- runs of consecutive tasks
+    sharing a row, input side first. Returns ``{task: (row, label)}``."""
+    if max_rows < 1:
+        raise ValueError(f"max_rows must be >= 1, got {max_rows!r}")
+    ts = sorted(set(tasks), reverse=True)
+    per = -(-len(ts) // max_rows) if ts else 1
+    out = {}
+    for i in range(0, len(ts), per):
+        run = ts[i:i + per]
+        label = f"task {run[0]}" if len(run) == 1 else f"tasks {run[-1]}-{run[0]}"
+        if i == 0:
+            label += " (input side)"
+        for t in run:
+            out[t] = (i // per, "wait, " + label)
+    return out
+
+
+def plot_overlap(trace: Path, out: Path, first_step: int = 8, nsteps: int = 2,
+                 max_task_rows: int = 16) -> Path:
     """A PNG of :func:`overlap_timeline`: one row per chunk's allreduce (input
     side -- highest priority -- on top), the training calls and the per-layer
-    waits of the next forward below."""
+    waits of the next forward below (at most ``max_task_rows`` rows of them,
+    see :func:`task_rows`)."""
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
@@ -160,8 +182,9 @@ def plot_overlap(trace: Path, out: Path, first_step: int = 8, nsteps: int = 2) -
     tl = overlap_timeline(trace_events(Path(trace)), first_step, nsteps)
     chunks = sorted({(p, n) for n, p, _, _ in tl["allreduces"]}, key=lambda x: (-x[0], x[1]))
     rows = {c: i for i, c in enumerate(chunks)}
-    tasks = sorted({t for t, *_ in tl["waits"]}, reverse=True)
-    fig, ax = plt.subplots(figsize=(11, 0.35 * (len(rows) + len(tasks) + 2) + 1.5))
+    trows = task_rows([t for t, *_ in tl["waits"]], max_task_rows)
+    ntrows = len({r for r, _ in trows.values()})
+    fig, ax = plt.subplots(figsize=(11, 0.35 * (len(rows) + ntrows + 2) + 1.5))
     cmap = plt.get_cmap("viridis")
     top = max((p for p, _ in chunks), default=1) or 1
     for name, prio, a, b in tl["allreduces"]:
@@ -171,12 +194,13 @@ def plot_overlap(trace: Path, out: Path, first_step: int = 8, nsteps: int = 2) -
     for a, b in tl["calls"]:
         ax.barh(base, b - a, left=a, color="tab:gray")
     for task, a, b, blocked in tl["waits"]:
-        y = base + 1 + tasks.index(task)
+        y = base + 1 + trows[task][0]
         ax.barh(y, max(b - a, 0.002), left=a, color="tab:red" if blocked else "tab:green")
     for task, t in tl["applies"]:
-        ax.plot([t], [base + 1 + tasks.index(task)], marker="|", color="black", markersize=12)
+        if task in trows:
+            ax.plot([t], [base + 1 + trows[task][0]], marker="|", color="black", markersize=12)
     labels = [f"allreduce {n} (prio {p})" for p, n in chunks] + ["training call"] + \
-        [f"wait, task {t}{' (input side)' if t == max(tasks) else ''}" for t in tasks]
+        [lab for _, lab in sorted(set(trows.values()))]
     ax.set_yticks(range(len(labels)))
     ax.set_yticklabels(labels, fontsize=7)
     ax.invert_yaxis()
@@ -198,5 +222,7 @@ if __name__ == "__main__":
     p.add_argument("--out", type=Path, required=True)
     p.add_argument("--first-step", type=int, default=8)
     p.add_argument("--steps", type=int, default=2)
+    p.add_argument("--max-task-rows", type=int, default=16,
+                   help="rows of layer waits at most (consecutive tasks share a row)")
     a = p.parse_args()
-    print(plot_overlap(a.trace, a.out, a.first_step, a.steps))
+    print(plot_overlap(a.trace, a.out, a.first_step, a.steps, a.max_task_rows))
