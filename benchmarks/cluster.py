@@ -73,7 +73,6 @@ LINK_NAME = "uplink"
 RESERVED_ENV = ("HOROVOD_PRIO_ARBITER", "HOROVOD_PRIO_LINK", "HOROVOD_PRIO_JOB_ID",
                 "HOROVOD_PRIO_ARBITER_SECRET", "HOROVOD_PRIO_ARBITER_SECRET_FILE",
                 "HOROVOD_PRIO_JOB_PRIORITY")
-MODELS = HARNESS_MODELS
 MAX_START = 500.0       # workload.py waits at most 600 s for its go file
 
 
@@ -117,8 +116,8 @@ def parse_job(s: str) -> dict:
                     raise ValueError("expected an integer >= 1")
                 d[k] = x
             elif k == "model":
-                if v not in MODELS:
-                    raise ValueError(f"expected one of {', '.join(MODELS)}")
+                if v not in HARNESS_MODELS:
+                    raise ValueError(f"expected one of {', '.join(HARNESS_MODELS)}")
                 d["model"] = v
             elif k.startswith("HOROVOD_PRIO_"):
                 if k in RESERVED_ENV:
