@@ -11,12 +11,22 @@ without an arbiter (priority release + the adaptive policy, which without an
 arbiter changes nothing across jobs), ``spec`` with arbiter jobs as the
 product's arbiter + adaptive policy.
 
-One parameter is fitted, on the plain-Horovod variant only: the compute time
-scale (the profile is measured one process alone; on the testbed two ranks of
-a job share a core with their communication threads). Every horovod_prio
-variant is then a prediction. Compared per job: the median step time while
-all jobs ran (and, for a job joining later, the first job's steps before
-it joined). Written to ``DIR/sim_check.md`` / ``.json``.
+One parameter is fitted on the run itself, on the plain-Horovod variant only:
+the compute time scale (the profile is measured one process alone; on the
+testbed two ranks of a job share a core with their communication threads).
+Every horovod_prio variant is then a prediction. Compared per job: the median
+step time while all jobs ran (and, for a job joining later, the first job's
+steps before it joined). Written to ``DIR/sim_check.md`` / ``.json``.
+
+``--calibrate ALONE`` measures the simulator's two job-side costs on another
+testbed run, one job alone with the variants ``hvd,prio,spec`` (same rate,
+batch and pinning): the compute scale on ``hvd``, then the per-collective
+overhead (Horovod's negotiation and the ranks' per-op work, which a chunked
+step pays once per chunk) on ``prio``, then the job-to-arbiter round trip on
+``spec``, each by bisection on that job's step time. The two costs then go
+into every simulated variant of ``DIR`` (only its compute scale is fitted
+there), so the two-job rows are predictions from one job measured alone.
+``--collective-overhead`` / ``--arbiter-rtt`` give the costs directly.
 """
 from __future__ import annotations
 
@@ -28,6 +38,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from horovod_prio.method.config import PriorityConfig
+from horovod_prio.sim.cli import parse_duration
 from horovod_prio.sim.engine import JobSpec, LinkConfig, simulate
 from horovod_prio.sim.profiles import Profile, load_profile
 
@@ -96,41 +107,93 @@ def _sim_stats(r, jobs, warmup):
     return out
 
 
-def check(results: dict, profile: Profile, pcfg: PriorityConfig | None = None) -> dict:
-    meta = results["meta"]
-    link = LinkConfig(bandwidth=netns.parse_rate(meta["rate"]) / 8, topology="nic",
+def _link(meta, overhead: float = 0.0, rtt: float = 0.0) -> LinkConfig:
+    return LinkConfig(bandwidth=netns.parse_rate(meta["rate"]) / 8, topology="nic",
                       arbiter_credit=int(meta.get("arbiter_credit") or 8 << 20),
                       arbiter_order=meta.get("arbiter_order") or "burst",
-                      starvation_bound=int(meta.get("starvation_bound", 8)))
-    pcfg = pcfg or PriorityConfig.from_env({}, **_job_env(meta))
-    measured = _measured(results)
-    warmup = int(meta["warmup"])
+                      starvation_bound=int(meta.get("starvation_bound", 8)),
+                      collective_overhead=overhead, arbiter_rtt=rtt)
 
-    def run(variant, k):
-        jobs, mode = _sim_jobs(results, variant, _scaled(profile, k))
-        r = simulate(jobs, mode, link, pcfg)
-        return _sim_stats(r, jobs, warmup)
 
-    # fit the compute scale on plain Horovod (bisection: step time grows with k)
-    target = measured["hvd"]
-
-    def err(k):
-        got = run("hvd", k)
-        key = "shared" if got[0]["shared"] is not None else "alone"
-        return statistics.fmean(g[key] for g in got) - statistics.fmean(
-            t[key] for t in target if t[key] is not None)
-
-    lo, hi = 0.05, 20.0
-    for _ in range(40):
-        mid = (lo * hi) ** 0.5
+def _bisect(err, lo, hi, geometric=False, n=40):
+    """The root of ``err`` (increasing) in [lo, hi]; an end of the range if none inside."""
+    for _ in range(n):
+        mid = (lo * hi) ** 0.5 if geometric else (lo + hi) / 2
         if err(mid) > 0:
             hi = mid
         else:
             lo = mid
-    k = (lo * hi) ** 0.5
+    return (lo * hi) ** 0.5 if geometric else (lo + hi) / 2
+
+
+def _runner(results, profile, pcfg):
+    meta = results["meta"]
+    warmup = int(meta["warmup"])
+
+    def run(variant, k, overhead=0.0, rtt=0.0):
+        jobs, mode = _sim_jobs(results, variant, _scaled(profile, k))
+        r = simulate(jobs, mode, _link(meta, overhead, rtt), pcfg)
+        return _sim_stats(r, jobs, warmup)
+    return run
+
+
+def _fit_error(run, variant, target, kw):
+    """err(x) = mean simulated - mean measured step of ``variant`` (shared window if any)."""
+    def err(x):
+        got = run(variant, **kw(x))
+        key = "shared" if got[0]["shared"] is not None else "alone"
+        return statistics.fmean(g[key] for g in got) - statistics.fmean(
+            t[key] for t in target if t[key] is not None)
+    return err
+
+
+def calibrate(alone: dict, profile: Profile, pcfg: PriorityConfig | None = None) -> dict:
+    """Per-collective overhead and arbiter round trip from one job measured alone
+    (a ``benchmarks.cluster`` run with one job and the variants hvd, prio, spec)."""
+    meta = alone["meta"]
+    if len(meta["jobs"]) != 1:
+        raise ValueError("--calibrate: expected a run with one job, got %d" % len(meta["jobs"]))
+    measured = _measured(alone)
+    missing = [v for v in ("hvd", "prio", "spec") if v not in measured]
+    if missing:
+        raise ValueError("--calibrate: the run lacks variant(s) %s (run it with "
+                         "--variants hvd,prio,spec)" % ", ".join(missing))
+    if meta["jobs"][0].get("impl") != "arb":
+        raise ValueError("--calibrate: the job must be an arb job (its spec variant joins the "
+                         "arbiter), got %r" % meta["jobs"][0].get("impl"))
+    pcfg = pcfg or PriorityConfig.from_env({}, **_job_env(meta))
+    run = _runner(alone, profile, pcfg)
+    # plain Horovod pays the per-collective overhead too (once per fused buffer):
+    # alternate the two fits until they agree
+    ov = 0.0
+    for _ in range(5):
+        k = _bisect(_fit_error(run, "hvd", measured["hvd"],
+                               kw=lambda x: {"k": x, "overhead": ov}), 0.05, 20.0, geometric=True)
+        ov = _bisect(_fit_error(run, "prio", measured["prio"],
+                                kw=lambda x: {"k": k, "overhead": x}), 0.0, 0.2)
+    rtt = _bisect(_fit_error(run, "spec", measured["spec"],
+                             kw=lambda x: {"k": k, "overhead": ov, "rtt": x}), 0.0, 0.2)
+    return {"compute_scale": k, "collective_overhead": ov, "arbiter_rtt": rtt,
+            "command": meta.get("command"), "git": meta.get("git"), "date": meta.get("date"),
+            "measured": {v: measured[v][0]["alone"] or measured[v][0]["shared"]
+                         for v in ("hvd", "prio", "spec")}}
+
+
+def check(results: dict, profile: Profile, pcfg: PriorityConfig | None = None,
+          overhead: float = 0.0, rtt: float = 0.0) -> dict:
+    meta = results["meta"]
+    pcfg = pcfg or PriorityConfig.from_env({}, **_job_env(meta))
+    measured = _measured(results)
+    if "hvd" not in measured:
+        raise ValueError("the run has no plain-Horovod (hvd) variant to fit the compute scale on")
+    run = _runner(results, profile, pcfg)
+    # fit the compute scale on plain Horovod (bisection: step time grows with k)
+    k = _bisect(_fit_error(run, "hvd", measured["hvd"],
+                           kw=lambda x: {"k": x, "overhead": overhead, "rtt": rtt}),
+                0.05, 20.0, geometric=True)
     rows = []
     for v, meas in measured.items():
-        sim = run(v, k)
+        sim = run(v, k, overhead, rtt)
         for i, (m, s) in enumerate(zip(meas, sim)):
             for key in ("shared", "alone"):
                 if m[key] is None or s[key] is None:
@@ -138,8 +201,9 @@ def check(results: dict, profile: Profile, pcfg: PriorityConfig | None = None) -
                 rows.append({"variant": v, "job": i, "window": key, "measured_s": m[key],
                              "sim_s": s[key], "error": s[key] / m[key] - 1.0,
                              "fitted": v == "hvd"})
-    return {"compute_scale": k, "rows": rows, "command": meta.get("command"),
-            "git": meta.get("git"), "date": meta.get("date")}
+    return {"compute_scale": k, "collective_overhead": overhead, "arbiter_rtt": rtt,
+            "rows": rows, "command": meta.get("command"), "git": meta.get("git"),
+            "date": meta.get("date")}
 
 
 def _job_env(meta) -> dict:
@@ -155,14 +219,34 @@ def _job_env(meta) -> dict:
 
 def markdown(res: dict) -> str:
     lines = ["Testbed: `%s` (git %s, %s); simulator compute scale fitted on plain Horovod: "
-             "%.2f" % (res["command"], res["git"], res["date"], res["compute_scale"]), "",
-             "| variant | job | window | testbed s/step | simulator s/step | error |",
-             "|---|---|---|---|---|---|"]
+             "%.2f" % (res["command"], res["git"], res["date"], res["compute_scale"]), ""]
+    cal = res.get("calibration")
+    if cal:
+        lines += ["Job-side costs calibrated on one job alone, `%s` (git %s, %s): compute scale "
+                  "%.2f on hvd (%.3f s/step), per-collective overhead %.1f ms on prio (%.3f "
+                  "s/step), arbiter round trip %.1f ms on spec (%.3f s/step)." % (
+                      cal["command"], cal["git"], cal["date"], cal["compute_scale"],
+                      cal["measured"]["hvd"], 1e3 * cal["collective_overhead"],
+                      cal["measured"]["prio"], 1e3 * cal["arbiter_rtt"],
+                      cal["measured"]["spec"]), ""]
+    elif res.get("collective_overhead") or res.get("arbiter_rtt"):
+        lines += ["Job-side costs given: per-collective overhead %.1f ms, arbiter round trip "
+                  "%.1f ms." % (1e3 * res["collective_overhead"], 1e3 * res["arbiter_rtt"]), ""]
+    lines += ["| variant | job | window | testbed s/step | simulator s/step | error |",
+              "|---|---|---|---|---|---|"]
     for r in res["rows"]:
         lines.append("| %s%s | %d | %s | %.3f | %.3f | %+.1f%% |" % (
             r["variant"], " (fitted)" if r["fitted"] else "", r["job"], r["window"],
             r["measured_s"], r["sim_s"], 100 * r["error"]))
     return "\n".join(lines) + "\n"
+
+
+def _load(p, d: Path, what: str) -> dict:
+    f = d / "results.json"
+    try:
+        return json.loads(f.read_text())
+    except (OSError, ValueError) as e:
+        p.error(f"argument {what}: cannot read {f}: {e}")
 
 
 def main(argv=None) -> int:
@@ -171,10 +255,34 @@ def main(argv=None) -> int:
     p.add_argument("dir", help="a benchmarks.cluster output folder (results.json)")
     p.add_argument("--profile", required=True,
                    help="profile JSON of the model at the run's batch (benchmarks.profile_model)")
+    p.add_argument("--calibrate", metavar="ALONE",
+                   help="a benchmarks.cluster folder with one arb job alone and the variants "
+                        "hvd,prio,spec: measure the per-collective overhead and the arbiter "
+                        "round trip there")
+    p.add_argument("--collective-overhead", type=parse_duration, default=0.0, metavar="T",
+                   help="per-collective overhead, e.g. 6ms (default 0)")
+    p.add_argument("--arbiter-rtt", type=parse_duration, default=0.0, metavar="T",
+                   help="job-to-arbiter round trip, e.g. 2ms (default 0)")
     a = p.parse_args(argv)
+    if a.calibrate and (a.collective_overhead or a.arbiter_rtt):
+        p.error("argument --calibrate: not with --collective-overhead / --arbiter-rtt "
+                "(it measures them)")
     d = Path(a.dir)
-    results = json.loads((d / "results.json").read_text())
-    res = check(results, load_profile(a.profile))
+    results = _load(p, d, "dir")
+    profile = load_profile(a.profile)
+    cal = None
+    if a.calibrate:
+        try:
+            cal = calibrate(_load(p, Path(a.calibrate), "--calibrate"), profile)
+        except ValueError as e:
+            p.error(str(e))
+        a.collective_overhead, a.arbiter_rtt = cal["collective_overhead"], cal["arbiter_rtt"]
+    try:
+        res = check(results, profile, overhead=a.collective_overhead, rtt=a.arbiter_rtt)
+    except ValueError as e:
+        p.error(f"argument dir: {e}")
+    if cal:
+        res["calibration"] = cal
     md = markdown(res)
     (d / "sim_check.md").write_text(md)
     (d / "sim_check.json").write_text(json.dumps(res, indent=1))

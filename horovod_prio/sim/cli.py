@@ -138,6 +138,11 @@ def build_parser() -> argparse.ArgumentParser:
            "starts on layers already reduced; fifo stays plain Horovod")
     a("--step-overhead", type=parse_duration, default=0.0,
       help="fixed time added to every step (optimizer apply, input pipeline)")
+    a("--collective-overhead", type=parse_duration, default=0.0,
+      help="time every collective costs before it occupies the link (Horovod's negotiation, "
+           "per-op work; benchmarks.sim_check --calibrate measures it on the testbed)")
+    a("--arbiter-rtt", type=parse_duration, default=0.0,
+      help="job <-> arbiter round trip added to every grant (arbiter modes)")
     g = p.add_argument_group("priority / policy knobs (PriorityConfig fields; defaults from it)")
     for flag, field_ in (("--num-groups", "num_groups"), ("--count-threshold", "count_threshold"),
                          ("--adjust-groups", "adjust_groups"), ("--boost-step", "step"),
@@ -227,7 +232,8 @@ def _run(args, argv) -> int:
     link = LinkConfig(bandwidth=args.bandwidth, latency=args.latency, topology=args.topology,
                       cycle_time=args.cycle_time, fusion_threshold=args.fusion_threshold,
                       starvation_bound=args.starvation_bound, step_overhead=args.step_overhead,
-                      arbiter_credit=args.arbiter_credit,
+                      collective_overhead=args.collective_overhead,
+                      arbiter_rtt=args.arbiter_rtt, arbiter_credit=args.arbiter_credit,
                       arbiter_order=args.arbiter_order)
     try:
         link.validate()

@@ -17,7 +17,10 @@ Model (see docs/sim.md for the discussion):
   ``link_bytes = 2(N-1)/N*S`` (``topology="nic"``: one NIC per worker, all
   jobs have one worker on every node) or ``2(N-1)*S`` (``topology="bus"``:
   all ranks of all jobs cross one link, e.g. a shaped loopback). Alone on the
-  link that is the textbook ``2(N-1)/N*S/B + latency`` term.
+  link that is the textbook ``2(N-1)/N*S/B + latency`` term. Each collective
+  also pays ``collective_overhead`` (Horovod's negotiation round and the
+  per-op work of the ranks, measured on a testbed; default 0) before it
+  occupies the link, holding the job's one collective slot meanwhile.
 * **Horovod engine per job** (all modes): a background loop with a cycle
   time; each cycle takes every submitted tensor/chunk, and executes them one
   collective after the other (Horovod runs one collective at a time).
@@ -42,7 +45,10 @@ Model (see docs/sim.md for the discussion):
   external-grant mode: a chunk that passes the local rule is requested at the
   arbiter, which is the product's :class:`horovod_prio.arbiter.core.Arbiter`
   on the simulated clock, and the requests a completion unblocks reach the
-  arbiter before the completion does.
+  arbiter before the completion does. ``arbiter_rtt`` (default 0) is the
+  job-to-arbiter round trip: a request and a completion reach the arbiter
+  half of it after the job sent them, a grant reaches the job half of it
+  after the arbiter decided.
 * **Barrier crossing** (``JobSpec.overlap``, priority modes): as
   ``hvd.overlap`` - the next call starts when the backward pass ends and its
   forward reaches layer i only once layer i's chunks of the previous step are
@@ -90,6 +96,8 @@ class LinkConfig:
     arbiter_credit: int = 8 * 1024 * 1024      # arbiter CLI default (per link)
     arbiter_order: str = "burst"               # the arbiter's --order: "chunk" | "burst"
     step_overhead: float = 0.0
+    collective_overhead: float = 0.0           # s per collective before it occupies the link
+    arbiter_rtt: float = 0.0                   # s, job <-> arbiter round trip
 
     def validate(self) -> None:
         def pos(name, v, strict=True):
@@ -101,6 +109,8 @@ class LinkConfig:
         pos("latency", self.latency, strict=False)
         pos("cycle_time", self.cycle_time, strict=False)
         pos("step_overhead", self.step_overhead, strict=False)
+        pos("collective_overhead", self.collective_overhead, strict=False)
+        pos("arbiter_rtt", self.arbiter_rtt, strict=False)
         if self.topology not in TOPOLOGIES:
             raise ValueError(f"topology must be one of {', '.join(TOPOLOGIES)}, "
                              f"got {self.topology!r}")
@@ -243,11 +253,14 @@ class _LinkArbiter:
     on the simulated clock (leases never expire); requests are the jobs'
     scheduler tickets."""
 
-    def __init__(self, sim: "_Sim", credit: int, bound: int, order: str = "burst"):
+    def __init__(self, sim: "_Sim", credit: int, bound: int, order: str = "burst",
+                 rtt: float = 0.0):
+        self.sim = sim
         self.core = Arbiter(credit_bytes=credit, lease_seconds=1e18, starvation_bound=bound,
                             clock=lambda: sim.now, order=order)
         self.handles: Dict[int, object] = {}
         self.jobs: Dict[int, "_Job"] = {}
+        self.one_way = rtt / 2.0
 
     def _handle(self, job):
         h = self.handles.get(job.idx)
@@ -257,15 +270,24 @@ class _LinkArbiter:
             self.jobs[job.idx] = job
         return h
 
+    def _later(self, fn, *args):
+        """``fn`` one way of the round trip later (at once without a round trip)."""
+        if self.one_way > 0:
+            self.sim.at(self.sim.now + self.one_way, fn, *args)
+        else:
+            fn(*args)
+
     def _deliver(self, grants):
         for r in grants or ():
-            self.jobs[int(r.job.job_id)].granted(r.token)
+            self._later(self.jobs[int(r.job.job_id)].granted, r.token)
 
     def request(self, job, ticket: int, priority: int, nbytes: int):
-        self._deliver(self.core.request(self._handle(job), ticket, priority, nbytes))
+        h = self._handle(job)
+        self._later(lambda: self._deliver(self.core.request(h, ticket, priority, nbytes)))
 
     def done(self, job, ticket: int):
-        self._deliver(self.core.complete(self._handle(job), ticket))
+        h = self._handle(job)
+        self._later(lambda: self._deliver(self.core.complete(h, ticket)))
 
     @property
     def starvation_grants(self) -> int:
@@ -570,10 +592,11 @@ class _Job:
             self.sim.at(nxt, self.tick)
             return
         msg = self.cycle_list.pop(0)
+        delay = self.delay + self.cfg.collective_overhead
         if msg.link_bytes <= 0:
-            self.sim.at(self.sim.now + self.delay, self._msg_done, msg)
-        elif self.delay > 0:
-            self.sim.at(self.sim.now + self.delay, self.link.add, msg)
+            self.sim.at(self.sim.now + delay, self._msg_done, msg)
+        elif delay > 0:
+            self.sim.at(self.sim.now + delay, self.link.add, msg)
         else:
             self.link.add(msg)
 
@@ -621,7 +644,8 @@ def simulate(jobs: Sequence[JobSpec], mode: str, link: Optional[LinkConfig] = No
     ln = _SharedLink(sim, link.bandwidth)
     arb = None
     if mode in ("arbiter", "adaptive"):
-        arb = _LinkArbiter(sim, link.arbiter_credit, link.starvation_bound, link.arbiter_order)
+        arb = _LinkArbiter(sim, link.arbiter_credit, link.starvation_bound, link.arbiter_order,
+                           link.arbiter_rtt)
     records: List[List[StepRecord]] = [[] for _ in jobs]
     js = [_Job(i, spec, sim, ln, link, pcfg, mode, records[i], arb)
           for i, spec in enumerate(jobs)]

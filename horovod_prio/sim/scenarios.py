@@ -188,6 +188,7 @@ def _table(results: List[Dict]) -> str:
 
 
 def main(argv=None) -> int:
+    from .cli import parse_duration, parse_rate
     p = argparse.ArgumentParser(prog="python -m horovod_prio.sim.scenarios",
                                 description=__doc__.split("\n\n")[0])
     p.add_argument("--model", default="resnet50",
@@ -198,10 +199,14 @@ def main(argv=None) -> int:
     p.add_argument("--topology", choices=("nic", "bus"), default="nic")
     p.add_argument("--scenarios", default="identical,classes,join")
     p.add_argument("--steps", type=units.arg(units.parse_int, 10), default=40)
+    p.add_argument("--collective-overhead", type=parse_duration, default=0.0, metavar="T",
+                   help="per-collective cost before it occupies the link (e.g. 6ms; default 0)")
+    p.add_argument("--arbiter-rtt", type=parse_duration, default=0.0, metavar="T",
+                   help="job <-> arbiter round trip per grant (default 0)")
     p.add_argument("--out", default=None)
     a = p.parse_args(argv)
-    from .cli import parse_rate
-    link = LinkConfig(bandwidth=parse_rate(a.bandwidth), topology=a.topology)
+    link = LinkConfig(bandwidth=parse_rate(a.bandwidth), topology=a.topology,
+                      collective_overhead=a.collective_overhead, arbiter_rtt=a.arbiter_rtt)
     prof = get_profile(a.model)
     pcfg = PriorityConfig.from_env({}, relative_coefficient=0.1, count_threshold=10,
                                    warmup_batches=2)

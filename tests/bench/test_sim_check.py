@@ -46,3 +46,75 @@ def test_recovers_the_compute_scale_and_predicts_the_other_variants():
     assert all(abs(r["error"]) < 0.02 for r in res["rows"]), res["rows"]
     assert [r["fitted"] for r in res["rows"] if r["variant"] == "spec"] == [False, False]
     assert "| spec | 0 | shared |" in sim_check.markdown(res)
+
+
+def _toy(backward=0.02):
+    return Profile("toy", tuple(Layer("l%d" % i, p, 0.01, backward)
+                                for i, p in enumerate((400000, 2000000, 1000000))))
+
+
+def _meta(jobs, variants, warmup, steps):
+    return {"command": "test", "git": None, "date": None, "rate": "1gbit", "warmup": warmup,
+            "variants": variants, "arbiter_credit": 8 << 20, "arbiter_order": "burst",
+            "starvation_bound": 8,
+            "jobs": [{"impl": "arb", "class": None, "start": 0.0, "steps": steps, "env": {}}]
+            * jobs}
+
+
+def test_calibrate_measures_the_job_side_costs_alone_and_predicts_two_jobs():
+    """A 'testbed' whose collectives cost 4 ms each and whose arbiter answers in
+    3 ms: one job alone yields both costs (and the compute scale); with them the
+    two-job arbiter run is predicted; without them it is not. (Gradients all
+    ready at once: every collective and grant is on the step's critical path,
+    so the alone step times pin both costs down.)"""
+    prof, k, ov, rtt = _toy(backward=0.0), 2.5, 0.004, 0.003
+    slow = sim_check._scaled(prof, k)
+    costly = LinkConfig(bandwidth=1e9 / 8, topology="nic", collective_overhead=ov,
+                        arbiter_rtt=rtt)
+    warmup, steps = 3, 12
+    pcfg = PriorityConfig.from_env({})
+    one = [JobSpec(slow, 2, steps + warmup, name="job0")]
+    alone = {"meta": _meta(1, ["hvd", "prio", "spec"], warmup, steps),
+             "runs": [fake_run("hvd", simulate(one, "fifo", costly), warmup),
+                      fake_run("prio", simulate(one, "priority", costly, pcfg), warmup),
+                      fake_run("spec", simulate(one, "adaptive", costly, pcfg), warmup)]}
+    cal = sim_check.calibrate(alone, prof, pcfg)
+    assert cal["compute_scale"] == pytest.approx(k, rel=0.02)
+    assert cal["collective_overhead"] == pytest.approx(ov, rel=0.05)
+    assert cal["arbiter_rtt"] == pytest.approx(rtt, rel=0.05)
+
+    two = [JobSpec(slow, 2, steps + warmup, start=0.0005 * i, name="job%d" % i, seed=i)
+           for i in range(2)]
+    shared = {"meta": _meta(2, ["hvd", "spec"], warmup, steps),
+              "runs": [fake_run("hvd", simulate(two, "fifo", costly), warmup),
+                       fake_run("spec", simulate(two, "adaptive", costly, pcfg), warmup)]}
+    res = sim_check.check(shared, prof, pcfg, overhead=cal["collective_overhead"],
+                          rtt=cal["arbiter_rtt"])
+    spec = [r for r in res["rows"] if r["variant"] == "spec"]
+    assert spec and all(abs(r["error"]) < 0.02 for r in spec), spec
+    blind = sim_check.check(shared, prof, pcfg)
+    assert all(r["error"] < -0.02 for r in blind["rows"] if r["variant"] == "spec"), blind
+    res["calibration"] = cal
+    md = sim_check.markdown(res)
+    assert "per-collective overhead 4.0 ms" in md and "arbiter round trip 3.0 ms" in md
+
+
+def test_calibrate_refuses_a_run_it_cannot_use():
+    prof, warmup, steps = _toy(), 3, 4
+    one = [JobSpec(prof, 2, steps + warmup, name="job0")]
+    link = LinkConfig(bandwidth=1e9 / 8, topology="nic")
+    run = fake_run("hvd", simulate(one, "fifo", link), warmup)
+    with pytest.raises(ValueError, match="one job, got 2"):
+        sim_check.calibrate({"meta": _meta(2, ["hvd"], warmup, steps), "runs": [run]}, prof)
+    with pytest.raises(ValueError, match="lacks variant.*prio, spec"):
+        sim_check.calibrate({"meta": _meta(1, ["hvd"], warmup, steps), "runs": [run]}, prof)
+
+
+def test_cli_refuses_bad_costs(tmp_path, capsys):
+    for argv, flag in ((["--arbiter-rtt", "-1"], "--arbiter-rtt"),
+                       (["--collective-overhead", "soon"], "--collective-overhead"),
+                       (["--calibrate", str(tmp_path), "--arbiter-rtt", "0.001"], "--calibrate"),
+                       ([], "argument dir")):
+        with pytest.raises(SystemExit):
+            sim_check.main([str(tmp_path), "--profile", "x.json"] + argv)
+        assert flag in capsys.readouterr().err

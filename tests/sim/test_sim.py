@@ -70,6 +70,34 @@ def test_single_job_fifo_fusion_formula():
     assert r.step_times(0)[-1] == pytest.approx(prof.forward_s + per, rel=1e-9)
 
 
+def test_collective_overhead_is_paid_once_per_collective():
+    """A fused step pays it once, one collective per tensor three times; nothing else moves."""
+    prof = toy(bwd=(0.0, 0.0, 0.0), params=(100_000, 200_000, 300_000))
+    for threshold, collectives in ((128 << 20, 1), (1, 3)):
+        base = LinkConfig(bandwidth=1e8, latency=1e-4, cycle_time=0.0,
+                          fusion_threshold=threshold)
+        slow = LinkConfig(**dict(vars(base), collective_overhead=0.004))
+        t0 = simulate([JobSpec(prof, 2, 3)], "fifo", base).step_times(0)[-1]
+        t1 = simulate([JobSpec(prof, 2, 3)], "fifo", slow).step_times(0)[-1]
+        assert t1 - t0 == pytest.approx(collectives * 0.004, rel=1e-9)
+
+
+def test_arbiter_rtt_delays_each_grant_by_the_round_trip():
+    """One chunk per step: the request reaches the arbiter half a round trip
+    after the job sent it, the grant the job half a round trip after that."""
+    prof = toy(fwd=(0.01,), bwd=(0.02,), params=(100_000,))
+    base = LinkConfig(bandwidth=1e8, latency=1e-4, cycle_time=0.0)
+    rtt = LinkConfig(**dict(vars(base), arbiter_rtt=0.006))
+    for mode in ("arbiter", "adaptive"):
+        t0 = simulate([JobSpec(prof, 2, 3)], mode, base, pcfg()).step_times(0)
+        t1 = simulate([JobSpec(prof, 2, 3)], mode, rtt, pcfg()).step_times(0)
+        assert [b - a for a, b in zip(t0, t1)] == pytest.approx([0.006] * 3, rel=1e-9)
+    # without an arbiter the round trip is not paid
+    t0 = simulate([JobSpec(prof, 2, 3)], "priority", base, pcfg()).step_times(0)
+    t1 = simulate([JobSpec(prof, 2, 3)], "priority", rtt, pcfg()).step_times(0)
+    assert t0 == t1
+
+
 def test_bus_topology_multiplies_link_bytes_by_n():
     prof = toy(bwd=(0.0, 0.0, 0.0))
     nic = LinkConfig(bandwidth=1e6, latency=0.0, cycle_time=0.0, topology="nic")
@@ -453,6 +481,10 @@ def test_simulate_rejects_bad_arguments():
         simulate([JobSpec(toy(), 2, 1)], "fifo", LinkConfig(topology="ring"))
     with pytest.raises(ValueError, match="arbiter_order"):
         simulate([JobSpec(toy(), 2, 1)], "arbiter", LinkConfig(arbiter_order="fifo"))
+    with pytest.raises(ValueError, match="collective_overhead"):
+        simulate([JobSpec(toy(), 2, 1)], "fifo", LinkConfig(collective_overhead=-1e-3))
+    with pytest.raises(ValueError, match="arbiter_rtt"):
+        simulate([JobSpec(toy(), 2, 1)], "arbiter", LinkConfig(arbiter_rtt=float("nan")))
 
 
 # ------------------------------------------------------------------ CLI
@@ -470,6 +502,8 @@ def test_simulate_rejects_bad_arguments():
     (["--max-boost", "-1"], "--max-boost"),
     (["--partition-bytes", "12XB"], "--partition-bytes"),
     (["--latency", "soon"], "--latency"),
+    (["--collective-overhead", "-1ms"], "--collective-overhead"),
+    (["--arbiter-rtt", "soon"], "--arbiter-rtt"),
     (["--jitter", "1.5"], "--jitter"),
     (["--jobs", "3", "--steps", "1,2"], "--steps"),
 ])
@@ -492,6 +526,19 @@ def test_cli_runs_and_writes_tables(tmp_path, capsys):
     assert {r["mode"] for r in data["rows"]} == set(MODES)
     assert (out / "results.md").read_text().count("| fifo |") == 2
     assert (out / "steps.csv").exists()
+
+
+def test_cli_job_side_costs_reach_the_model(tmp_path):
+    """--collective-overhead slows every mode, --arbiter-rtt only the arbiter's."""
+    def mean_step(mode, *extra):
+        out = tmp_path / ("o%d" % len(list(tmp_path.iterdir())))
+        assert cli.main(["--model", "resnet50", "--jobs", "1", "--workers", "4", "--steps", "4",
+                         "--mode", mode, "--out", str(out), "--no-plot", *extra]) == 0
+        return json.loads((out / "results.json").read_text())["rows"][0]["mean_step_s"]
+    for mode in ("fifo", "priority", "arbiter"):
+        assert mean_step(mode, "--collective-overhead", "20ms") > mean_step(mode) + 0.019
+    assert mean_step("arbiter", "--arbiter-rtt", "20ms") > mean_step("arbiter") + 0.019
+    assert mean_step("priority", "--arbiter-rtt", "20ms") == mean_step("priority")
 
 
 def test_cli_dispatch_and_validate(tmp_path, capsys):
