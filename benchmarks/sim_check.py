@@ -16,7 +16,8 @@ the compute time scale (the profile is measured one process alone; on the
 testbed two ranks of a job share a core with their communication threads).
 Every horovod_prio variant is then a prediction. Compared per job: the median
 step time while all jobs ran (and, for a job joining later, the first job's
-steps before it joined). Written to ``DIR/sim_check.md`` / ``.json``.
+steps before it joined). Written to ``DIR/sim_check.md`` / ``.json``
+(``--no-write``: printed only, e.g. to try other costs).
 
 ``--calibrate ALONE`` measures the simulator's two job-side costs on another
 testbed run, one job alone with the variants ``hvd,prio,spec`` (same rate,
@@ -263,13 +264,18 @@ def main(argv=None) -> int:
                    help="per-collective overhead, e.g. 6ms (default 0)")
     p.add_argument("--arbiter-rtt", type=parse_duration, default=0.0, metavar="T",
                    help="job-to-arbiter round trip, e.g. 2ms (default 0)")
+    p.add_argument("--no-write", action="store_true",
+                   help="print the table only; DIR/sim_check.md and .json stay as they are")
     a = p.parse_args(argv)
     if a.calibrate and (a.collective_overhead or a.arbiter_rtt):
         p.error("argument --calibrate: not with --collective-overhead / --arbiter-rtt "
                 "(it measures them)")
     d = Path(a.dir)
     results = _load(p, d, "dir")
-    profile = load_profile(a.profile)
+    try:
+        profile = load_profile(a.profile)
+    except (OSError, ValueError) as e:
+        p.error(f"argument --profile: {e}")
     cal = None
     if a.calibrate:
         try:
@@ -284,8 +290,9 @@ def main(argv=None) -> int:
     if cal:
         res["calibration"] = cal
     md = markdown(res)
-    (d / "sim_check.md").write_text(md)
-    (d / "sim_check.json").write_text(json.dumps(res, indent=1))
+    if not a.no_write:
+        (d / "sim_check.md").write_text(md)
+        (d / "sim_check.json").write_text(json.dumps(res, indent=1))
     sys.stdout.write(md)
     return 0
 

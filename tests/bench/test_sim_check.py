@@ -118,3 +118,36 @@ def test_cli_refuses_bad_costs(tmp_path, capsys):
         with pytest.raises(SystemExit):
             sim_check.main([str(tmp_path), "--profile", "x.json"] + argv)
         assert flag in capsys.readouterr().err
+
+
+def test_cli_calibrates_and_writes_unless_told_not_to(tmp_path, capsys):
+    import json
+    from horovod_prio.sim.profiles import save_profile
+    prof, warmup, steps = _toy(backward=0.0), 3, 6
+    save_profile(prof, str(tmp_path / "p.json"))
+    link = LinkConfig(bandwidth=1e9 / 8, topology="nic", collective_overhead=0.004,
+                      arbiter_rtt=0.003)
+    pcfg = PriorityConfig.from_env({})
+    one = [JobSpec(prof, 2, steps + warmup, name="job0")]
+    alone = {"meta": _meta(1, ["hvd", "prio", "spec"], warmup, steps),
+             "runs": [fake_run(v, simulate(one, m, link, pcfg), warmup)
+                      for v, m in (("hvd", "fifo"), ("prio", "priority"), ("spec", "adaptive"))]}
+    two = [JobSpec(prof, 2, steps + warmup, start=0.0005 * i, name="job%d" % i, seed=i)
+           for i in range(2)]
+    shared = {"meta": _meta(2, ["hvd", "spec"], warmup, steps),
+              "runs": [fake_run(v, simulate(two, m, link, pcfg), warmup)
+                       for v, m in (("hvd", "fifo"), ("spec", "adaptive"))]}
+    for name, res in (("alone", alone), ("shared", shared)):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "results.json").write_text(json.dumps(res))
+    argv = [str(tmp_path / "shared"), "--profile", str(tmp_path / "p.json"),
+            "--calibrate", str(tmp_path / "alone")]
+    assert sim_check.main(argv + ["--no-write"]) == 0
+    assert "Job-side costs calibrated on one job alone" in capsys.readouterr().out
+    assert not (tmp_path / "shared" / "sim_check.md").exists()
+    assert sim_check.main(argv) == 0
+    md = (tmp_path / "shared" / "sim_check.md").read_text()
+    assert "Job-side costs calibrated on one job alone" in md and "| spec | 1 | shared |" in md
+    with pytest.raises(SystemExit):
+        sim_check.main([str(tmp_path / "shared"), "--profile", str(tmp_path / "nope.json")])
+    assert "--profile" in capsys.readouterr().err
