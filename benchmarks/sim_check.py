@@ -13,7 +13,9 @@ product's arbiter + adaptive policy.
 
 One parameter is fitted on the run itself, on the plain-Horovod variant only:
 the compute time scale (the profile is measured one process alone; on the
-testbed two ranks of a job share a core with their communication threads).
+testbed two ranks of a job share a core with their communication threads),
+on the shared window, or, in a run where a job joins later, on the first
+job's steps alone.
 Every horovod_prio variant is then a prediction. Compared per job: the median
 step time while all jobs ran (and, for a job joining later, the first job's
 steps before it joined). Written to ``DIR/sim_check.md`` / ``.json``
@@ -138,13 +140,15 @@ def _runner(results, profile, pcfg):
     return run
 
 
-def _fit_error(run, variant, target, kw):
-    """err(x) = mean simulated - mean measured step of ``variant`` (shared window if any)."""
+def _fit_error(run, variant, target, kw, window=None):
+    """err(x) = mean simulated - mean measured step of ``variant`` over the jobs
+    measured in ``window`` (default: the shared window if the run has one)."""
     def err(x):
         got = run(variant, **kw(x))
-        key = "shared" if got[0]["shared"] is not None else "alone"
-        return statistics.fmean(g[key] for g in got) - statistics.fmean(
-            t[key] for t in target if t[key] is not None)
+        key = window or ("shared" if got[0]["shared"] is not None else "alone")
+        pairs = [(g[key], t[key]) for g, t in zip(got, target)
+                 if g[key] is not None and t[key] is not None]
+        return statistics.fmean(g for g, _ in pairs) - statistics.fmean(t for _, t in pairs)
     return err
 
 
@@ -188,9 +192,13 @@ def check(results: dict, profile: Profile, pcfg: PriorityConfig | None = None,
     if "hvd" not in measured:
         raise ValueError("the run has no plain-Horovod (hvd) variant to fit the compute scale on")
     run = _runner(results, profile, pcfg)
-    # fit the compute scale on plain Horovod (bisection: step time grows with k)
+    # fit the compute scale on plain Horovod (bisection: step time grows with k); in a
+    # run where a job joins later, on the first job's steps alone (compute and its own
+    # communication only: the shared window also depends on how the jobs' phases meet)
+    joined = any(float(d.get("start") or 0) > 0 for d in meta["jobs"])
     k = _bisect(_fit_error(run, "hvd", measured["hvd"],
-                           kw=lambda x: {"k": x, "overhead": overhead, "rtt": rtt}),
+                           kw=lambda x: {"k": x, "overhead": overhead, "rtt": rtt},
+                           window="alone" if joined else None),
                 0.05, 20.0, geometric=True)
     rows = []
     for v, meas in measured.items():

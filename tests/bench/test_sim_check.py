@@ -151,3 +151,29 @@ def test_cli_calibrates_and_writes_unless_told_not_to(tmp_path, capsys):
     with pytest.raises(SystemExit):
         sim_check.main([str(tmp_path / "shared"), "--profile", str(tmp_path / "nope.json")])
     assert "--profile" in capsys.readouterr().err
+
+
+def test_a_join_run_fits_the_compute_scale_on_the_first_job_alone():
+    """Job 1 joins later; the testbed's shared steps are 30 % slower than the
+    model's. The scale still comes out of job 0's steps alone (2.0), and the
+    shared error shows in the rows instead of being fitted away."""
+    prof, k, warmup = _toy(), 2.0, 3
+    slow = sim_check._scaled(prof, k)
+    link = LinkConfig(bandwidth=1e9 / 8, topology="nic")
+    specs = [JobSpec(slow, 2, 40 + warmup, name="job0"),
+             JobSpec(slow, 2, 10 + warmup, start=3.0, name="job1", seed=1)]
+    sim = simulate(specs, "fifo", link)
+    run = fake_run("hvd", sim, warmup)
+    lo = max(j["steps"][warmup]["t_start"] for j in run["jobs"])
+    hi = min(j["steps"][-1]["t_end"] for j in run["jobs"])
+    def stretch(t):             # the shared window lasts 30 % longer, later times shift
+        return t if t <= lo else lo + 1.3 * (t - lo) if t <= hi else t + 0.3 * (hi - lo)
+    for j in run["jobs"]:
+        for st in j["steps"]:
+            st["t_start"], st["t_end"] = stretch(st["t_start"]), stretch(st["t_end"])
+    meta = _meta(2, ["hvd"], warmup, 40)
+    meta["jobs"] = [dict(meta["jobs"][0], steps=40), dict(meta["jobs"][0], steps=10, start=3.0)]
+    res = sim_check.check({"meta": meta, "runs": [run]}, prof, PriorityConfig.from_env({}))
+    assert res["compute_scale"] == pytest.approx(k, rel=0.03)
+    shared = [r for r in res["rows"] if r["window"] == "shared"]
+    assert shared and all(r["error"] < -0.1 for r in shared), shared
