@@ -22,9 +22,12 @@ plain dicts (JSON-ready) and, with ``out``, a markdown table and PNG plots.
 from __future__ import annotations
 
 import argparse
+import datetime as _dt
 import json
 import os
+import shlex
 import statistics
+import subprocess
 import sys
 from dataclasses import replace
 from typing import Dict, List, Optional
@@ -187,6 +190,16 @@ def _table(results: List[Dict]) -> str:
     return "\n".join(lines) + "\n"
 
 
+def _git_rev():
+    """The checkout's short commit when run from a git work tree, else None."""
+    try:
+        out = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
+                             text=True, timeout=10, cwd=os.path.dirname(os.path.abspath(__file__)))
+        return out.stdout.strip() or None
+    except (OSError, subprocess.SubprocessError):
+        return None
+
+
 def main(argv=None) -> int:
     from .cli import parse_duration, parse_rate
     p = argparse.ArgumentParser(prog="python -m horovod_prio.sim.scenarios",
@@ -219,9 +232,14 @@ def main(argv=None) -> int:
     print(table)
     if a.out:
         os.makedirs(a.out, exist_ok=True)
+        args = sys.argv[1:] if argv is None else list(argv)
+        meta = {"argv": args,
+                "command": "python -m horovod_prio.sim.scenarios " + " ".join(
+                    shlex.quote(x) for x in args),
+                "date": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+                "git": _git_rev()}
         with open(os.path.join(a.out, "scenarios.json"), "w") as f:
-            json.dump({"argv": sys.argv[1:] if argv is None else argv, "results": results}, f,
-                      indent=1)
+            json.dump(dict(meta, results=results), f, indent=1)
         with open(os.path.join(a.out, "scenarios.md"), "w") as f:
             f.write(table)
         for r in results:

@@ -632,3 +632,25 @@ def test_sweep_smoke():
     for r in rows:
         assert r["results"]["fifo"]["vs_fifo"] == 1.0
     assert "| resnet50 | 10 |" in sweep.markdown(rows, single, join)
+
+
+def test_scenarios_cli_records_its_command_and_takes_the_job_side_costs(tmp_path, capsys):
+    from horovod_prio.sim import scenarios
+
+    def run(out, *extra):
+        argv = ["--model", "resnet50", "--jobs", "2", "--workers", "2", "--steps", "10",
+                "--bandwidth", "10gbit", "--scenarios", "identical", "--out", str(out), *extra]
+        assert scenarios.main(argv) == 0
+        return json.loads((out / "scenarios.json").read_text())
+
+    base = run(tmp_path / "a")
+    slow = run(tmp_path / "b", "--arbiter-rtt", "20ms")
+    assert base["command"].startswith("python -m horovod_prio.sim.scenarios --model resnet50")
+    assert base["date"] and "--arbiter-rtt 20ms" in slow["command"]
+    b0, s0 = base["results"][0], slow["results"][0]
+    assert s0["prio_mean_s"] > b0["prio_mean_s"] + 0.01     # prio + arbiter pays the grants
+    assert s0["hvd_mean_s"] == b0["hvd_mean_s"]             # plain Horovod asks no arbiter
+    capsys.readouterr()
+    with pytest.raises(SystemExit):
+        scenarios.main(["--arbiter-rtt", "soon"])
+    assert "--arbiter-rtt" in capsys.readouterr().err
