@@ -141,6 +141,7 @@ def summarize(results: dict) -> list[dict]:
                 worst.append(max(r["_stats"]["jobs"][i]["median"] / bs["jobs"][i]["median"] - 1
                                  for i in range(njobs)))
             row["speedup"] = median(sp)
+            row["speedup_range"] = (min(sp), max(sp)) if len(sp) > 1 else None
             row["worst_job_change"] = median(worst)
         rows.append(row)
     return rows
@@ -169,6 +170,16 @@ def notes_and_load(results, meta):
     return lines
 
 
+def _speedup_cell(row):
+    """``1.05×`` and, with two repeats or more, the spread of the per-repeat
+    ratios: ``1.05× (0.98–1.12)`` (on a noisy box one repeat's ratio says little)."""
+    cell = fmt(row.get("speedup"), "{:.2f}×")
+    rng = row.get("speedup_range")
+    if rng is not None and set(row.get("config") or ["horovod"]) != {"horovod"}:
+        cell += f" ({rng[0]:.2f}–{rng[1]:.2f})"
+    return cell
+
+
 def markdown(results: dict) -> str:
     rows = summarize(results)
     meta = results.get("meta", {})
@@ -195,7 +206,7 @@ def markdown(results: dict) -> str:
         js = r["job_s"] + [None] * (2 - len(r["job_s"]))
         lines.append(
             f"| {r['scenario']} | {r['rate']} | {r['model']}, {r['batch']} | {cfg} | {fmt(js[0])} "
-            f"| {fmt(js[1])} | {fmt(r['mean_s'])} | {fmt(r['floor_s'])} | {fmt(r['speedup'], '{:.2f}×')} "
+            f"| {fmt(js[1])} | {fmt(r['mean_s'])} | {fmt(r['floor_s'])} | {_speedup_cell(r)} "
             f"| {fmt(r['worst_job_change'], '{:+.1%}')} | {fmt(r['link_busy'], '{:.0%}')} "
             f"| {r['runs_ok']}/{r['runs']} |")
     lines += notes_and_load(results, meta)
@@ -205,7 +216,8 @@ def markdown(results: dict) -> str:
     lines += ["", "s/step: median over repeats of each job's median step time (a step from its start to the next step's start; warmup excluded; "
               "with two jobs only steps while both were measuring). speedup: baseline mean "
               "s/step ÷ this config's, baseline = plain Horovod in the same repeat "
-              "(alone for a, hvd+hvd for b/c), median over repeats. worst job: largest "
+              "(alone for a, hvd+hvd for b/c), median over repeats (in brackets: the lowest and "
+              "highest per-repeat ratio). worst job: largest "
               "per-job slowdown vs the baseline's same job. comm floor: bytes every rank "
               "sends through the shared lo (2(N−1)·S per job) ÷ rate. link busy: tc bytes "
               "sent ÷ (rate × time) over the same window."]

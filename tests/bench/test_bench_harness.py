@@ -299,7 +299,7 @@ def _fixture_results():
              "status": "ok", "t_go": t, "jobs": [job("job0", "horovod", 0.45, t)],
              "link_samples": link(t, 6, 1e9, 0.9)},
             {"scenario": "a", "config": ["prio"], "rate": "1gbit", "batch": 32, "repeat": rep,
-             "status": "ok", "t_go": t, "jobs": [job("job0", "prio", 0.45, t)],
+             "status": "ok", "t_go": t, "jobs": [job("job0", "prio", 0.45 + 0.05 * rep, t)],
              "link_samples": link(t, 6, 1e9, 0.9)},
             {"scenario": "b", "config": ["horovod", "horovod"], "rate": "1gbit", "batch": 32,
              "repeat": rep, "status": "ok", "t_go": t,
@@ -332,6 +332,9 @@ def test_report_from_fixture_json(tmp_path):
     assert "| a | 1gbit | mlp, 32 | hvd |" in md
     assert "| b | 1gbit | mlp, 32 | prio+prio | 0.600 | 0.700 | 0.650 |" in md
     assert "1.23×" in md                       # 0.8 / 0.65 within the same repeat
+    # the spread of the per-repeat ratios beside their median: 0.45/0.45 and 0.45/0.50
+    assert "| a | 1gbit | mlp, 32 | prio | 0.475 | – | 0.475 | 0.405 | 0.95× (0.90–1.00) |" in md
+    assert "| a | 1gbit | mlp, 32 | hvd | 0.450 | – | 0.450 | 0.405 | 1.00× |" in md
     assert "failed: job job1 (prio) exited with status 1" in md
     assert "0.405" in md                       # 2 * 25.3 MB * 8 / 1 Gbit/s
     png = (out / "steps.png").read_bytes()
