@@ -597,6 +597,7 @@ def summarize(results: dict) -> tuple[list[dict], list[dict]]:
             if ch:
                 worst.append(max(ch))
         row["speedup"] = report.median(sp)
+        row["speedup_range"] = (min(sp), max(sp)) if len(sp) > 1 and v != "hvd" else None
         row["worst_job_change"] = report.median(worst)
         waits = []
         for r in ok:
@@ -656,7 +657,7 @@ def markdown(results: dict) -> str:
              else f"{r['grants_waited']:.0f}/{r['grants']:.0f}")
         lines.append(
             f"| {r['variant']} | {cfg} | {' / '.join(f(x) for x in r['job_s'])} "
-            f"| {f(r['mean_s'])} | {f(r['floor_s'])} | {f(r['speedup'], '{:.2f}×')} "
+            f"| {f(r['mean_s'])} | {f(r['floor_s'])} | {report.ratio_cell(r['speedup'], r.get('speedup_range'))} "
             f"| {f(r['worst_job_change'], '{:+.1%}')} "
             f"| {f(r.get('busy_AB'), '{:.0%}')} / {f(r.get('busy_BA'), '{:.0%}')} "
             f"| {'–' if w is None else f'{w * 1e3:.0f} ms'} | {q} | {r['runs_ok']}/{r['runs']} |")
@@ -677,7 +678,8 @@ def markdown(results: dict) -> str:
     lines += ["", "Shared window: while every job was measuring (warmup excluded; a job with "
               "start=S is released S s after the others). s/step: median over repeats of each "
               "job's median step time; 'alone' = its measured steps outside the shared window. "
-              "speedup: hvd mean s/step ÷ this variant's, same repeat, median over repeats; "
+              "speedup: hvd mean s/step ÷ this variant's, same repeat, median over repeats "
+              "(in brackets: the lowest and highest per-repeat ratio); "
               "vs hvd (same job): hvd job's s/step ÷ this job's. comm floor: every rank sends S "
               "(gradient bytes) across the uplink per step, each direction carries S per job: "
               "jobs × S·8/rate. uplink busy: tc bytes sent by the tbf of each uplink end ÷ "

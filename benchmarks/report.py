@@ -170,14 +170,18 @@ def notes_and_load(results, meta):
     return lines
 
 
-def _speedup_cell(row):
-    """``1.05×`` and, with two repeats or more, the spread of the per-repeat
-    ratios: ``1.05× (0.98–1.12)`` (on a noisy box one repeat's ratio says little)."""
-    cell = fmt(row.get("speedup"), "{:.2f}×")
-    rng = row.get("speedup_range")
-    if rng is not None and set(row.get("config") or ["horovod"]) != {"horovod"}:
+def ratio_cell(value, rng=None):
+    """``1.05×`` and, given the lowest and highest per-repeat ratio, their
+    spread: ``1.05× (0.98–1.12)`` (on a noisy box one repeat's ratio says little)."""
+    cell = fmt(value, "{:.2f}×")
+    if rng is not None:
         cell += f" ({rng[0]:.2f}–{rng[1]:.2f})"
     return cell
+
+
+def _speedup_cell(row):
+    baseline = set(row.get("config") or ["horovod"]) == {"horovod"}
+    return ratio_cell(row.get("speedup"), None if baseline else row.get("speedup_range"))
 
 
 def markdown(results: dict) -> str:

@@ -227,6 +227,8 @@ def test_summary_ratios_against_hvd_of_the_same_repeat_and_report(tmp_path, monk
     md = cluster.markdown(res)
     assert "| spec | arb + arb@2s | 0.400 / 0.500 | 0.450 |" in md
     assert "1.11×" in md and "80% / 40%" in md and "50/100" in md and "| 60% |" in md
+    assert "| 1.11× (1.11–1.11) |" in md     # median, then the per-repeat spread
+    assert "| 1.00× |" in md                  # the baseline row has no spread
     assert "git abc1234" in md and "transport gloo" in md
     assert "Failed (spec-r2): job job1 (prio) exited" in md
     assert "1-min load average" in md
