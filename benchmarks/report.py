@@ -141,7 +141,7 @@ def summarize(results: dict) -> list[dict]:
                 worst.append(max(r["_stats"]["jobs"][i]["median"] / bs["jobs"][i]["median"] - 1
                                  for i in range(njobs)))
             row["speedup"] = median(sp)
-            row["speedup_range"] = (min(sp), max(sp)) if len(sp) > 1 else None
+            row["speedup_range"] = (min(sp), max(sp)) if len(sp) > 1 and cfg != base_cfg else None
             row["worst_job_change"] = median(worst)
         rows.append(row)
     return rows
@@ -179,11 +179,6 @@ def ratio_cell(value, rng=None):
     return cell
 
 
-def _speedup_cell(row):
-    baseline = set(row.get("config") or ["horovod"]) == {"horovod"}
-    return ratio_cell(row.get("speedup"), None if baseline else row.get("speedup_range"))
-
-
 def markdown(results: dict) -> str:
     rows = summarize(results)
     meta = results.get("meta", {})
@@ -208,9 +203,10 @@ def markdown(results: dict) -> str:
                          f"| | | | | | | 0/{r['runs']} |")
             continue
         js = r["job_s"] + [None] * (2 - len(r["job_s"]))
+        speedup = ratio_cell(r["speedup"], r.get("speedup_range"))
         lines.append(
             f"| {r['scenario']} | {r['rate']} | {r['model']}, {r['batch']} | {cfg} | {fmt(js[0])} "
-            f"| {fmt(js[1])} | {fmt(r['mean_s'])} | {fmt(r['floor_s'])} | {_speedup_cell(r)} "
+            f"| {fmt(js[1])} | {fmt(r['mean_s'])} | {fmt(r['floor_s'])} | {speedup} "
             f"| {fmt(r['worst_job_change'], '{:+.1%}')} | {fmt(r['link_busy'], '{:.0%}')} "
             f"| {r['runs_ok']}/{r['runs']} |")
     lines += notes_and_load(results, meta)
