@@ -65,11 +65,12 @@ _HELD, _SENT, _QUEUED, _GRANTED = 0, 1, 2, 3
 
 
 class _Req:
-    __slots__ = ("key", "label", "priority", "nbytes", "t", "state", "session", "local",
+    __slots__ = ("key", "label", "priority", "nbytes", "step", "t", "state", "session", "local",
                  "cancelled", "delivered")
 
-    def __init__(self, key, label, priority, nbytes, t):
+    def __init__(self, key, label, priority, nbytes, t, step=0):
         self.key, self.label, self.priority, self.nbytes, self.t = key, label, priority, nbytes, t
+        self.step = step
         self.state = _HELD
         self.session = 0        # session the request was sent / granted in (0: local grant)
         self.local = False
@@ -156,11 +157,14 @@ class ArbiterClient:
         self._thread.start()
 
     # ================================================================ API
-    def request(self, key, priority, nbytes, label=""):
-        """Ask for the link for one chunk; ``on_grant(key)`` follows once."""
+    def request(self, key, priority, nbytes, label="", step=0):
+        """Ask for the link for one chunk; ``on_grant(key)`` follows once.
+        ``step``: the job's training step the chunk belongs to (> 0; 0 = not
+        known): the arbiter keeps a job's burst across gaps inside its step."""
         _check_int("key", key, 0, P.U64_MAX)
         _check_int("priority", priority, P.I64_MIN, P.I64_MAX)
         _check_int("nbytes", nbytes, 0, P.U64_MAX)
+        _check_int("step", step, 0, P.U64_MAX)
         _check_name("label", label, empty_ok=True)
         now = time.monotonic()
         with self._lock:
@@ -168,7 +172,7 @@ class ArbiterClient:
                 raise RuntimeError("ArbiterClient is closed")
             if key in self._reqs:
                 raise ValueError("key %d is already pending or granted" % key)
-            req = self._reqs[key] = self._waiting[key] = _Req(key, label, priority, nbytes, now)
+            req = self._reqs[key] = self._waiting[key] = _Req(key, label, priority, nbytes, now, step)
             self._c["requests"] += 1
             if self._state == READY:
                 self._send_request(req, now)
@@ -267,7 +271,7 @@ class ArbiterClient:
     def _send_request(self, req, now):
         req.state, req.session = _SENT, self._session_no
         self._unacked[req.key] = now + self.timeout
-        self._send(P.enc_request(req.key, req.priority, req.nbytes, req.label))
+        self._send(P.enc_request(req.key, req.priority, req.nbytes, req.label, req.step))
 
     def _grant(self, req, now, local):
         del self._waiting[req.key]

@@ -25,6 +25,18 @@ credit. Urgency compares, in this order:
      boosted job (the monitor's raise) win the link for its whole step, and
      lets jobs of equal priority take turns instead of interleaving chunk by
      chunk.
+
+     A request may carry the job's training *step* (a positive tag; 0 =
+     untagged). Then a burst is the job's step: it does not end at a gap
+     inside the step (the backward pass produced nothing for a moment and the
+     job's chunks drained), only when a request of another step finds the job
+     idle. Without the tag, jobs whose backward passes leave gaps take turns
+     *within* a step (the job whose burst ended loses its place to the other
+     job's burst for the rest of its step), which keeps identical jobs in
+     phase: both wait for each other's tails every step. With it, the job
+     whose step started first keeps the link for its whole step (its gaps
+     still go to the others: a burst never holds the link idle), so the jobs
+     drift out of phase and one computes while the other sends.
    * ``"chunk"``: the request's own priority; equal priorities in arrival order.
 
    Larger ``priority`` = more urgent, on the one scale of the gates
@@ -86,7 +98,7 @@ class Job:
     """One registered connection (rank 0 of one job on one link)."""
 
     __slots__ = ("job_id", "link", "job_class", "reqs", "grants", "peer", "burst_priority",
-                 "burst_requested", "burst_seq", "heap", "npending", "hver", "served_at", "sver",
+                 "burst_requested", "burst_seq", "burst_step", "heap", "npending", "hver", "served_at", "sver",
                  "__weakref__")
 
     def __init__(self, job_id, link, peer=None, job_class=0):
@@ -99,6 +111,7 @@ class Job:
         self.burst_priority = None  # the current burst's rank (None: never requested)
         self.burst_requested = None  # max priority requested in the current (or last) burst
         self.burst_seq = 0          # when the current burst started (link-wide counter)
+        self.burst_step = 0         # the step tag of the current (or last) burst (0: none)
         self.heap = []          # burst order: (-priority, seq, Request) of pending, lazy deletion
         self.npending = 0
         self.hver = 0           # version of the job's live entry in the link's job heap
@@ -180,7 +193,8 @@ class Link:
         d.update(connected_jobs=len(self.jobs), pending=self.npending,
                  outstanding_grants=self.outstanding, outstanding_bytes=self.outstanding_bytes,
                  credit_bytes=self.credit, grants_per_job=dict(self.per_job),
-                 job_classes={j.job_id: j.job_class for j in self.jobs}, bursts=self.bursts)
+                 job_classes={j.job_id: j.job_class for j in self.jobs},
+                 job_steps={j.job_id: j.burst_step for j in self.jobs}, bursts=self.bursts)
         return d
 
 
@@ -252,8 +266,9 @@ class Arbiter:
         return []
 
     # ------------------------------------------------------------ requests
-    def request(self, job, token, priority, nbytes, chunk=""):
-        """Add a request; returns the grants it triggers (``[]`` = it waits)."""
+    def request(self, job, token, priority, nbytes, chunk="", step=0):
+        """Add a request; returns the grants it triggers (``[]`` = it waits).
+        ``step``: the job's training step (> 0), 0 if the job does not say."""
         if token in job.reqs:
             raise ValueError("duplicate token %d" % token)
         if len(job.reqs) >= self.max_pending_per_job:
@@ -263,14 +278,17 @@ class Arbiter:
         self._seq += 1
         r = Request(job, token, chunk, priority, nbytes, self._seq, now)
         rekey = job.npending == 0
-        if not job.reqs:                        # idle -> a new burst starts
-            ln.bursts += 1
+        if not job.reqs and not (step and step == job.burst_step):
+            ln.bursts += 1                      # idle, and not its burst's step -> a new burst
             job.burst_seq = ln.bursts
             last = job.burst_requested          # what its previous burst asked for
             job.burst_requested = priority
             job.burst_priority = priority if last is None else max(priority, last)
+            job.burst_step = step
             rekey = True
-        else:
+        else:                                   # busy, or back within its burst's step
+            if step:
+                job.burst_step = step
             if priority > job.burst_requested:
                 job.burst_requested = priority
             if priority > job.burst_priority:

@@ -30,7 +30,7 @@ replayed, reordered or dropped frame fails its MAC.
 Payloads (``type u8`` + fields, big endian)::
 
     C->S REGISTER  0x01  str16 job_id, str16 link, i32 job_class   (once, first frame of a job)
-    C->S REQUEST   0x02  u64 token, i64 priority, u64 nbytes, str16 chunk_id
+    C->S REQUEST   0x02  u64 token, i64 priority, u64 nbytes, str16 chunk_id [, u64 step]
     C->S COMPLETE  0x03  u64 token   (granted chunk finished)
     C->S PING      0x04  u64 nonce
     C->S STATS     0x05  -
@@ -44,7 +44,11 @@ Payloads (``type u8`` + fields, big endian)::
     S->C ERROR     0x86  utf-8 text (server closes after it)
 
 ``token`` is chosen by the client (unique per connection); ``str16`` is
-``u16 length`` + UTF-8 bytes, at most :data:`MAX_NAME` bytes.
+``u16 length`` + UTF-8 bytes, at most :data:`MAX_NAME` bytes. ``step``, the
+job's training step the chunk belongs to (> 0; see the burst order in
+:mod:`.core`), is optional: a REQUEST without it (a client that does not
+know its steps) is untagged, as is step 0. An arbiter from before the field
+drops a client that sends it (``trailing bytes in REQUEST``).
 """
 import hmac
 import logging
@@ -79,6 +83,7 @@ _U32 = struct.Struct(">BI")
 _I32 = struct.Struct(">i")
 _REQ = struct.Struct(">BQqQH")
 _U16 = struct.Struct(">H")
+_STEP = struct.Struct(">Q")
 
 I32_MIN, I32_MAX = -(1 << 31), (1 << 31) - 1
 I64_MIN = -(1 << 63)
@@ -301,8 +306,9 @@ def enc_registered(lease_seconds):
     return _U32.pack(T_REGISTERED, min(int(lease_seconds * 1000), 0xFFFFFFFF))
 
 
-def enc_request(token, priority, nbytes, chunk_id):
-    return _REQ.pack(T_REQUEST, token, priority, nbytes, 0)[:-2] + _str16(chunk_id)
+def enc_request(token, priority, nbytes, chunk_id, step=0):
+    body = _REQ.pack(T_REQUEST, token, priority, nbytes, 0)[:-2] + _str16(chunk_id)
+    return body + _STEP.pack(step) if step else body
 
 
 def enc_token(kind, token):
@@ -362,13 +368,16 @@ def dec_registered(p):
 
 
 def dec_request(p):
+    """-> ``(token, priority, nbytes, chunk_id, step)`` (step 0: untagged)."""
     if len(p) < _REQ.size:
         raise ProtocolError("truncated REQUEST")
     _, token, priority, nbytes, _n = _REQ.unpack_from(p, 0)
     chunk, pos = _read_str16(p, _REQ.size - 2)
-    if pos != len(p):
+    if pos == len(p):
+        return token, priority, nbytes, chunk, 0
+    if len(p) != pos + _STEP.size:
         raise ProtocolError("trailing bytes in REQUEST")
-    return token, priority, nbytes, chunk
+    return token, priority, nbytes, chunk, _STEP.unpack_from(p, pos)[0]
 
 
 def dec_token(p):

@@ -152,9 +152,9 @@ class _Conn:
         if kind == P.T_REQUEST:
             if job is None:
                 raise P.ProtocolError("REQUEST before REGISTER")
-            token, prio, nbytes, chunk = P.dec_request(p)
+            token, prio, nbytes, chunk, step = P.dec_request(p)
             try:
-                grants = srv.arbiter.request(job, token, prio, nbytes, chunk)
+                grants = srv.arbiter.request(job, token, prio, nbytes, chunk, step)
             except ValueError as e:
                 raise P.ProtocolError(str(e)) from None
             srv.send_grants(grants)

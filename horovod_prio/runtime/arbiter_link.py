@@ -21,7 +21,11 @@ warning is logged.
 
 Priorities sent to the arbiter are the gates' priorities (the group's base
 priority + boost x step), the same scale in every job; the job's class
-(``job_priority``) goes with its registration.
+(``job_priority``) goes with its registration. Each request also carries
+the job's training step (:attr:`ArbiterLink.steps`, the step clock's count of
+steps begun, set by the runtime once a monitor exists; untagged without one)
+so that the arbiter's burst order treats a step as one burst, gaps in its
+backward pass included.
 """
 import logging
 import threading
@@ -40,6 +44,7 @@ class ArbiterLink:
         self.address = address
         self.link = link
         self.job_id = client.job_id
+        self.steps = None          # () -> steps begun in this process (the request's step tag)
         self.callback_errors = 0   # request/complete/cancel calls that raised
         self.local_grants = 0      # chunks granted locally because request() raised
         self._warned = False
@@ -70,7 +75,9 @@ class ArbiterLink:
     # -- scheduler callbacks (TF kernel threads; never block, never raise) ----------
     def on_request(self, ticket, name, priority, nbytes):
         try:
-            self.client.request(ticket, priority, nbytes, label=name)
+            steps = self.steps
+            self.client.request(ticket, priority, nbytes, label=name,
+                                step=steps() if steps is not None else 0)
             return
         except BaseException as e:  # noqa: B902 - a ctypes callback must never raise
             self._error("request(%r)" % (name,), e)

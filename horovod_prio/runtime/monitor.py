@@ -20,7 +20,8 @@ alone holds chunks and talks to the arbiter), so no rank broadcasts them.
 A step clock (duck-typed, see ``horovod_prio.tensorflow.ops.StepClock``) has
 ``new_slot(priorities) -> slot``, ``set_priorities(slot, priorities)``,
 ``wait(timeout)``, ``take_steps(slot) -> [(begin_s, end_s)]`` (monotonic
-seconds) and ``wake()``.
+seconds), ``wake()`` and, optionally, ``steps_begun() -> int`` (steps begun
+so far in the process; the arbiter link tags requests with it).
 """
 import logging
 import time

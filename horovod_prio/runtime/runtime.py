@@ -155,6 +155,8 @@ class Runtime:
                 return ident
             if self.clock is None:
                 self.clock = clock
+                if self.arbiter is not None:
+                    self.arbiter.steps = getattr(clock, "steps_begun", None)
             elif clock is not self.clock:
                 raise RuntimeError("horovod_prio: one step clock per process")
             monitor = Monitor(name, config, num_groups, self.rank, clock, self.writer,

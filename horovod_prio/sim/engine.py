@@ -281,9 +281,10 @@ class _LinkArbiter:
         for r in grants or ():
             self._later(self.jobs[int(r.job.job_id)].granted, r.token)
 
-    def request(self, job, ticket: int, priority: int, nbytes: int):
+    def request(self, job, ticket: int, priority: int, nbytes: int, step: int = 0):
         h = self._handle(job)
-        self._later(lambda: self._deliver(self.core.request(h, ticket, priority, nbytes)))
+        self._later(lambda: self._deliver(self.core.request(h, ticket, priority, nbytes,
+                                                            step=step)))
 
     def done(self, job, ticket: int):
         h = self._handle(job)
@@ -534,7 +535,7 @@ class _Job:
         """Move what the scheduler decided: requests to the arbiter, releases to Horovod."""
         if self.arbiter is not None:
             for ticket, prio, size in self.sched.take_requests():
-                self.arbiter.request(self, ticket, prio, size)
+                self.arbiter.request(self, ticket, prio, size, self.step + 1)
         for ticket in self.sched.take_released():
             size, prio = self.ticket_bytes[ticket]
             self.submit((size, prio, ticket))

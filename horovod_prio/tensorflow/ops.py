@@ -78,6 +78,7 @@ def load():
                 ("hvdprio_tf_wait", ctypes.c_int, [dbl]),
                 ("hvdprio_tf_take_steps", i64, [i64, ctypes.POINTER(dbl), i64,
                                                 ctypes.POINTER(i64)]),
+                ("hvdprio_tf_steps_begun", i64, []),
                 ("hvdprio_tf_wake", None, [])):
             try:
                 fn = getattr(lib, name)
@@ -248,6 +249,11 @@ class StepClock:
             out.extend((buf[2 * i], buf[2 * i + 1]) for i in range(max(n, 0)))
             if n < 256:
                 return out
+
+    def steps_begun(self):
+        """How many steps have begun in this process (every monitor's);
+        the arbiter link tags its requests with it."""
+        return int(_cdll.hvdprio_tf_steps_begun())
 
     def wake(self):
         _cdll.hvdprio_tf_wake()

@@ -283,6 +283,25 @@ def test_burst_ends_when_the_job_has_nothing_left_on_the_link():
     assert a.stats()["L"]["bursts"] == 3     # A, B, A again
 
 
+def test_a_step_tagged_burst_goes_on_across_a_gap_in_its_step():
+    """As above, but A's requests say their training step: A's burst drains in
+    a gap of its step (B gets the link meanwhile: nothing is held idle), and
+    A's next chunk of the same step resumes A's burst, ahead of B's; a chunk of
+    A's next step starts a new burst behind B's."""
+    for a_next_step, want in ((1, ["a2", "b2"]), (2, ["b2", "a2"])):
+        a, _ = mk(credit=100, order="burst")
+        A, B = a.register("A", "L"), a.register("B", "L")
+        a.request(A, 1, 5, 100, "a1", step=1)
+        a.request(B, 1, 5, 100, "b1", step=7)
+        assert names(a.complete(A, 1)) == [("B", "b1")]    # A's gap: B is served
+        a.request(A, 2, 5, 100, "a2", step=a_next_step)
+        a.request(B, 2, 5, 100, "b2", step=7)
+        (r,) = a.complete(B, 1)
+        (r2,) = a.complete(r.job, r.token)
+        assert [r.chunk, r2.chunk] == want, a_next_step
+        assert a.stats()["L"]["bursts"] == (2 if a_next_step == 1 else 3)
+
+
 def test_burst_order_keeps_the_starvation_bound():
     a, _ = mk(credit=100, K=2, order="burst")
     A, B = a.register("A", "L"), a.register("B", "L")
@@ -403,7 +422,9 @@ class Model:
     """Independent, deliberately naive model of the documented grant rules (O(n)
     per step): class first, strictly; then "chunk": (priority, arrival) or
     "burst": (burst priority = max(requested in the burst, requested in the
-    job's previous burst), burst start, priority, arrival); within the
+    job's previous burst), burst start, priority, arrival), a burst starting
+    when an idle job requests, unless the request carries the step tag of the
+    job's last burst (then that burst goes on); within the
     highest pending class, a job passed over by K grants to other jobs of its
     class since its last grant (or since it began waiting) has its own next
     request granted next (the longest passed over first; ties: marked first);
@@ -415,6 +436,7 @@ class Model:
         self.granted = {}           # (job, token) -> [nbytes, deadline]
         self.bursts = {}            # job -> [start, top priority]
         self.requested = {}         # job -> max priority requested in its current/last burst
+        self.steps = {}             # job -> step tag of its current/last burst
         self.nbursts = 0
         self.seq = 0
         self.classes = {}
@@ -432,13 +454,16 @@ class Model:
     def live(self, job):
         return any(p["job"] == job for p in self.pending) or any(k[0] == job for k in self.granted)
 
-    def request(self, job, tok, prio, nbytes, now):
-        if not self.live(job):
+    def request(self, job, tok, prio, nbytes, now, step=0):
+        if not self.live(job) and not (step and step == self.steps.get(job)):
             self.nbursts += 1
             last = self.requested.get(job)
             self.bursts[job] = [self.nbursts, prio if last is None else max(prio, last)]
             self.requested[job] = prio
-        else:
+            self.steps[job] = step
+        else:                       # busy, or back within its burst's step: the burst goes on
+            if step:
+                self.steps[job] = step
             self.bursts[job][1] = max(self.bursts[job][1], prio)
             self.requested[job] = max(self.requested[job], prio)
         self.seq += 1
@@ -454,10 +479,6 @@ class Model:
     def own_rank(self, p):
         return (p["prio"], -p["seq"])
 
-    def _end_idle(self):
-        for job in list(self.bursts):
-            if not self.live(job):
-                del self.bursts[job]
 
     def complete(self, job, tok, now):
         if (job, tok) in self.granted:
@@ -467,7 +488,6 @@ class Model:
             if len(left) == len(self.pending):
                 return None
             self.pending = left
-        self._end_idle()
         return self.schedule(now)
 
     def renew(self, job, tok, now):
@@ -480,14 +500,14 @@ class Model:
         gone = [k for k, (_, d) in self.granted.items() if d <= now]
         for k in gone:
             del self.granted[k]
-        self._end_idle()
         return self.schedule(now) if gone else []
 
     def drop(self, job, now):
         self.requested.pop(job, None)           # a re-registered job starts afresh
+        self.steps.pop(job, None)
+        self.bursts.pop(job, None)
         self.pending = [p for p in self.pending if p["job"] != job]
         self.granted = {k: v for k, v in self.granted.items() if k[0] != job}
-        self._end_idle()
         return self.schedule(now)
 
     def schedule(self, now):
@@ -516,11 +536,11 @@ class Model:
 
 
 @pytest.mark.parametrize("order", ["chunk", "burst"])
-@pytest.mark.parametrize("seed", range(10))
+@pytest.mark.parametrize("seed", range(12))
 def test_grant_sequence_equals_the_naive_model(seed, order):
     """The O(log n) structures of core.Arbiter grant exactly what the naive
     model grants, call by call: classes, starvation bound, cancels, renewals,
-    lease expiry and drops included."""
+    lease expiry and drops included; step-tagged requests on odd seeds."""
     import random
     rng = random.Random(seed)
     K = rng.choice([0, 1, 2, 3, 8])
@@ -529,6 +549,8 @@ def test_grant_sequence_equals_the_naive_model(seed, order):
     a, clock = mk(credit=credit, lease=lease, K=K, order=order)
     m = Model(credit, K, order, lease)
     names = ["J%d" % i for i in range(rng.randint(1, 5))]
+    tagged = seed % 2 == 1                      # odd seeds: requests carry step tags
+    job_step = {n: 1 if tagged else 0 for n in names}
     jobs = {}
     for n in names:
         m.classes[n] = rng.choice([0, 0, 1, 2])
@@ -545,9 +567,11 @@ def test_grant_sequence_equals_the_naive_model(seed, order):
             n = rng.choice(names)
             tok += 1
             prio, nbytes = rng.randint(-3, 3), rng.choice([0, 1, 10, 60, 100, 300])
+            if tagged and rng.random() < 0.15:
+                job_step[n] += 1                # the job's next training step
             live.append((n, tok))
-            want = m.request(n, tok, prio, nbytes, clock.t)
-            assert got(a.request(jobs[n], tok, prio, nbytes)) == want, step
+            want = m.request(n, tok, prio, nbytes, clock.t, job_step[n])
+            assert got(a.request(jobs[n], tok, prio, nbytes, "c", job_step[n])) == want, step
         elif op < 0.8:
             n, t = rng.choice(live)             # completes a grant or cancels a pending one
             live.remove((n, t))

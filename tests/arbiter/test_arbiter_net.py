@@ -223,6 +223,45 @@ def test_credit_and_ties(server_factory, client_factory, order, first, second):
     assert grants[second[0].upper()].wait_for(second)
 
 
+@pytest.mark.parametrize("a_step, first", [(1, "a2"), (2, "b2")])
+def test_step_tag_keeps_a_burst_across_a_gap_over_the_wire(server_factory, client_factory,
+                                                            a_step, first):
+    """A's chunks say their training step: A drains (B is served in the gap),
+    then A's next chunk of the same step resumes A's burst ahead of B's; a
+    chunk of A's next step queues behind B's burst."""
+    srv = server_factory(credit_bytes=100)          # burst order (the default)
+    a, ga = client_factory(srv.address, "A")
+    b, gb = client_factory(srv.address, "B")
+    a.request(key("a1"), 5, 100, step=1)
+    assert ga.wait_for("a1")
+    b.request(key("b1"), 5, 100, step=40)
+    assert wait_until(lambda: link_stats(srv)["pending"] == 1)
+    a.complete(key("a1"))                           # A's gap: B gets the link
+    assert gb.wait_for("b1")
+    a.request(key("a2"), 5, 100, step=a_step)
+    b.request(key("b2"), 5, 100, step=40)
+    assert wait_until(lambda: link_stats(srv)["pending"] == 2)
+    b.complete(key("b1"))
+    grants = {"a2": ga, "b2": gb}
+    assert grants[first].wait_for(first)
+    other = "b2" if first == "a2" else "a2"
+    time.sleep(0.05)
+    assert other not in grants[other].calls
+    assert link_stats(srv)["bursts"] == (2 if a_step == 1 else 3)
+
+
+def test_request_frame_step_field_is_optional_and_checked():
+    body = P.enc_request(7, -3, 100, "c")
+    assert P.dec_request(body) == (7, -3, 100, "c", 0)             # untagged (no field)
+    assert P.dec_request(P.enc_request(7, -3, 100, "c", 0)) == (7, -3, 100, "c", 0)
+    tagged = P.enc_request(7, -3, 100, "c", 12345)
+    assert len(tagged) == len(body) + 8
+    assert P.dec_request(tagged) == (7, -3, 100, "c", 12345)
+    for bad in (body + b"\x00", tagged + b"\x00", tagged[:-1]):
+        with pytest.raises(P.ProtocolError, match="trailing bytes in REQUEST"):
+            P.dec_request(bad)
+
+
 def test_starvation_bound_over_the_wire(server_factory, client_factory):
     srv = server_factory(credit_bytes=1, starvation_bound=2)
     hi, ghi = client_factory(srv.address, "hi")
@@ -869,7 +908,9 @@ def test_request_validation_and_close(server_factory, client_factory):
     for args, field in (((1, 1, 1, "x" * 300), "label"), ((1, 1, 1, 5), "label"),
                         (("x", 1, 1), "key"), ((-1, 1, 1), "key"), ((2 ** 64, 1, 1), "key"),
                         ((True, 1, 1), "key"), ((1, 1.5, 1), "priority"), ((1, 2 ** 63, 1), "priority"),
-                        ((1, 1, -1), "nbytes"), ((1, True, 1), "priority")):
+                        ((1, 1, -1), "nbytes"), ((1, True, 1), "priority"),
+                        ((1, 1, 1, "", -1), "step"), ((1, 1, 1, "", 2 ** 64), "step"),
+                        ((1, 1, 1, "", 1.0), "step")):
         with pytest.raises(ValueError, match=field):
             c.request(*args)
     c.request(key("dup"), 1, 1)

@@ -67,6 +67,29 @@ def test_chunks_go_through_the_arbiter_by_ticket(server):
     al.close()   # idempotent
 
 
+@pytest.mark.parametrize("tagged", [True, False])
+def test_requests_carry_the_step_so_a_step_is_one_burst(server, tagged):
+    """With a step source (the runtime sets the step clock's count of steps
+    begun), chunks of one step that reach the arbiter apart (the job idle in
+    between) stay one burst; without it every return from idle is a new one."""
+    s = Scheduler()
+    s.configure(1 << 20, True)
+    al = ArbiterLink.attach(s, config(server))
+    step = [1]
+    if tagged:
+        al.steps = lambda: step[0]
+    try:
+        for st in (1, 1, 2):                   # two chunks of step 1 with a gap, one of step 2
+            step[0] = st
+            t = s.submit("c", 1, 10)
+            wait_for(lambda: t in s.take_released(), "grant")
+            s.complete_ticket(t)
+            wait_for(lambda: link_stats(server)["outstanding_grants"] == 0, "completion")
+        assert link_stats(server)["bursts"] == (2 if tagged else 3)
+    finally:
+        al.close()
+
+
 def test_refused_request_is_granted_locally_inside_the_callback(server, caplog):
     s = Scheduler()
     s.configure(1 << 20, True)

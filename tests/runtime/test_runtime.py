@@ -48,6 +48,9 @@ class FakeClock:
         with self.cv:
             self.cv.notify_all()
 
+    def steps_begun(self):
+        return 41
+
 
 def cfg(**kw):
     return PriorityConfig.from_env({}, **kw)
@@ -170,6 +173,24 @@ def test_no_arbiter_is_logged_once_on_rank0(caplog):
         rt.setup(cfg(), 0, 2)
     said = [r for r in caplog.records if "no arbiter" in r.getMessage()]
     assert len(said) == 1 and "other jobs' traffic" in said[0].getMessage()
+
+
+def test_the_arbiter_link_tags_requests_with_the_step_clock_once_a_monitor_exists():
+    from horovod_prio.arbiter.server import ArbiterServer
+    secret = "runtime-test-secret-0123456789"
+    srv = ArbiterServer("127.0.0.1", 0, secret)
+    srv.start()
+    try:
+        rt = runtime()
+        rt.setup(cfg(arbiter="127.0.0.1:%d" % srv.address[1], link="L", job_id="j",
+                     arbiter_secret=secret, arbiter_timeout=2.0), 0, 2)
+        assert rt.arbiter is not None and rt.arbiter.steps is None    # no step clock yet
+        clock = FakeClock()
+        rt.identity("opt", "k", cfg(), 3, clock)
+        assert rt.arbiter.steps() == 41
+        rt.shutdown()
+    finally:
+        srv.stop()
 
 
 def test_the_thread_feeds_steps_and_the_trace_is_flushed(tmp_path):

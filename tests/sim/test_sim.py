@@ -222,18 +222,21 @@ def test_the_simulated_release_order_is_the_schedulers(monkeypatch):
 
 def test_arbiter_modes_run_the_product_arbiter_by_default(monkeypatch):
     from horovod_prio.arbiter import core
-    calls = []
+    calls, steps = [], set()
     orig = core.Arbiter.request
 
-    def spy(self, job, token, priority, nbytes, chunk=""):
+    def spy(self, job, token, priority, nbytes, chunk="", step=0):
         calls.append(priority)
-        return orig(self, job, token, priority, nbytes, chunk)
+        steps.add((job.job_id, step))
+        return orig(self, job, token, priority, nbytes, chunk, step)
     monkeypatch.setattr(core.Arbiter, "request", spy)
     prof = resnet50()
     r = simulate([JobSpec(prof, 8, 3), JobSpec(prof, 8, 3)], "arbiter",
                  LinkConfig(bandwidth=10e9 / 8))
     assert calls and r.arbiter_grants == len(calls)
     assert set(calls) == {0, 1, 2, 3}
+    # every request carries its job's training step (1-based), as the product's jobs send it
+    assert steps == {(j, s) for j in ("0", "1") for s in (1, 2, 3)}
 
 
 # ------------------------------------------------------------------ barrier crossing (overlap)

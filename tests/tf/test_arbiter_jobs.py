@@ -267,6 +267,8 @@ def test_arbiter_killed_mid_run_jobs_finish_with_identical_weights(killed, refer
         # before the kill the arbiter granted this job's chunks ...
         assert paused["counters"]["arbiter_grants"] > 0, paused
         assert per_job.get(name, 0) == paused["counters"]["arbiter_grants"], (stats, paused)
+        # its requests carry its training step: batches 0 .. PAUSE_AT-1 ran
+        assert stats["links"][LINK]["job_steps"][name] == PAUSE_AT, stats
         # ... after it, the job granted locally, with one warning
         c = job["rank0"]["counters"]
         assert c["fallback_grants"] > 0 and c["outages"] == 1, c

@@ -357,9 +357,12 @@ def test_step_clock_records_steps_and_serves_the_priority_vector():
 
     SCHED.configure(credit_bytes=0, hold=False)
     x = tf.constant([1.0])
+    begun = clock.steps_begun()
     assert step(x).numpy().tolist() == [0, 1, 2]
+    assert clock.steps_begun() == begun + 1        # the arbiter link's step tag
     clock.set_priorities(slot, [5, 6, 9])
     assert step(x).numpy().tolist() == [5, 6, 9]   # the next step reads the new vector
+    assert clock.steps_begun() == begun + 2
     assert clock.wait(5.0)
     steps = clock.take_steps(slot)
     assert len(steps) == 2 and all(b <= e for b, e in steps)

@@ -48,6 +48,7 @@ struct Slot {
 std::mutex g_clock_mu;
 std::condition_variable g_clock_cv;
 std::vector<Slot> g_slots;
+std::atomic<int64_t> g_steps_begun{0};  // StepBegin runs of every slot (the arbiter's step tag)
 constexpr size_t kMaxFinished = 4096;
 
 double SteadySeconds() {
@@ -471,6 +472,7 @@ class HvdPrioStepBeginOp : public OpKernel {
     for (int64_t i = 0; i < num_groups_; ++i) v(i) = s.priorities[i];
     s.begun = true;
     s.begin_s = horovod_prio::SteadySeconds();
+    horovod_prio::g_steps_begun.fetch_add(1, std::memory_order_relaxed);
   }
 
  private:
@@ -582,6 +584,11 @@ int64_t hvdprio_tf_take_steps(int64_t slot, double* out, int64_t max, int64_t* d
     s.dropped = 0;
   }
   return k;
+}
+
+// How many steps have begun in this process (all slots); 0 before the first.
+int64_t hvdprio_tf_steps_begun(void) {
+  return horovod_prio::g_steps_begun.load(std::memory_order_relaxed);
 }
 
 // Wakes every waiter (shutdown).
