@@ -98,8 +98,8 @@ class Job:
     """One registered connection (rank 0 of one job on one link)."""
 
     __slots__ = ("job_id", "link", "job_class", "reqs", "grants", "peer", "burst_priority",
-                 "burst_requested", "burst_seq", "burst_step", "heap", "npending", "hver", "served_at", "sver",
-                 "__weakref__")
+                 "burst_requested", "burst_seq", "burst_step", "heap", "npending", "hver",
+                 "served_at", "sver", "__weakref__")
 
     def __init__(self, job_id, link, peer=None, job_class=0):
         self.job_id = job_id
