@@ -479,7 +479,6 @@ class Model:
     def own_rank(self, p):
         return (p["prio"], -p["seq"])
 
-
     def complete(self, job, tok, now):
         if (job, tok) in self.granted:
             del self.granted[(job, tok)]

@@ -104,7 +104,7 @@ def authenticate(addr):
 
 _TEMPLATES = [P.enc_register("j", "L"), P.enc_request(1, 5, 10, "c"), P.enc_token(P.T_COMPLETE, 1),
               P.enc_token(P.T_PING, 1), P.enc_empty(P.T_STATS), P.enc_token(P.T_CANCEL, 2),
-              P.enc_token(P.T_RENEW, 1)]
+              P.enc_token(P.T_RENEW, 1), P.enc_request(3, 5, 10, "c", 7)]
 
 unauth = st.one_of(
     st.tuples(st.just("raw"), st.binary(min_size=1, max_size=300)),
