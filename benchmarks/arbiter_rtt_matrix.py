@@ -33,6 +33,7 @@ if ROOT not in sys.path:
     sys.path.insert(0, ROOT)
 
 from benchmarks.arbiter_rtt import CLIENTS, SERVERS, host_cpu, build_native  # noqa: E402
+from benchmarks.harness import git_rev  # noqa: E402
 
 
 def parse_config(text, trees):
@@ -148,14 +149,6 @@ def compare_pairs(results, trees):
     return out
 
 
-def _git_commit():
-    try:
-        return subprocess.run(["git", "-C", ROOT, "rev-parse", "--short", "HEAD"], capture_output=True,
-                              text=True, timeout=10).stdout.strip() or None
-    except OSError:
-        return None
-
-
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--configs", default="python/python,native/python,python/native,native/native",
@@ -187,7 +180,7 @@ def main(argv=None):
     extra = [a for a in args.rtt_args if a != "--"]
     if any(c[1][1].startswith("native") or c[1][3].startswith("native") for c in configs):
         extra += ["--native-exe", build_native()[0]]     # one build, outside the measurements
-    commit = _git_commit()
+    commit = git_rev()
     results = []
     for k, (name, cargv) in plan(configs, args.repeats):
         cmd = [sys.executable, "-m", "benchmarks.arbiter_rtt", "--json"] + cargv + extra
