@@ -232,8 +232,6 @@ def build_parser():
                         "uplink); rack: rack A hosts on core 0, rack B on core 1; none")
     p.add_argument("--arbiter-credit", type=_size, default="8MiB",
                    help="arbiter --credit-bytes (default 8MiB, one job's local credit)")
-    p.add_argument("--arbiter-solo-credit", type=units.arg(units.parse_bytes, 0), default=0,
-                   help="arbiter --solo-credit-bytes (default 0 = off)")
     p.add_argument("--arbiter-order", choices=["burst", "chunk"], default="burst")
     p.add_argument("--starvation-bound", type=int, default=8)
     p.add_argument("--subnet", default="10.77.0.0/16",
@@ -401,8 +399,7 @@ def execute_run(r: dict, args, workroot: Path, secret_file: Path,
             ah = topo.host("arbiter")
             arb = ArbiterProcess(ah.address, secret_file, args.arbiter_credit,
                                  args.starvation_bound, workdir / "arbiter.log",
-                                 order=args.arbiter_order, netns=ah.netns,
-                                 extra_args=["--solo-credit-bytes", str(args.arbiter_solo_credit)])
+                                 order=args.arbiter_order, netns=ah.netns)
             rec["arbiter_address"] = arb.start()
             for j in jobs:
                 j.env.update(arbiter_env(j, arb.address, secret_file))
@@ -914,7 +911,6 @@ def main(argv=None) -> int:
         "inter_threads": args.inter_threads or args.threads, "pin": args.pin,
         "repeats": args.repeats, "variants": variants, "jobs": args.job,
         "arbiter_credit": args.arbiter_credit, "arbiter_order": args.arbiter_order,
-        "arbiter_solo_credit": args.arbiter_solo_credit,
         "starvation_bound": args.starvation_bound, "subnet": args.subnet,
         "sample_interval": args.sample_interval, "link": LINK_NAME,
     }, "runs": []}

@@ -114,7 +114,6 @@ def _link(meta, overhead: float = 0.0, rtt: float = 0.0) -> LinkConfig:
     return LinkConfig(bandwidth=netns.parse_rate(meta["rate"]) / 8, topology="nic",
                       arbiter_credit=int(meta.get("arbiter_credit") or 8 << 20),
                       arbiter_order=meta.get("arbiter_order") or "burst",
-                      arbiter_solo_credit=int(meta.get("arbiter_solo_credit") or 0),
                       starvation_bound=int(meta.get("starvation_bound", 8)),
                       collective_overhead=overhead, arbiter_rtt=rtt)
 

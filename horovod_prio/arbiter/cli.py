@@ -1,7 +1,7 @@
 """``horovod-prio arbiter``: run the link arbiter, or print its stats.
 
     horovod-prio arbiter --bind HOST:PORT [--secret-file F] [--credit-bytes N]
-                         [--link-credit LINK=N ...] [--solo-credit-bytes N] [--lease-seconds S]
+                         [--link-credit LINK=N ...] [--lease-seconds S]
                          [--starvation-bound K] [--order burst|chunk]
                          [--handshake-timeout S] [--max-connections N]
                          [--max-handshakes N] [--log-level LEVEL]
@@ -29,7 +29,6 @@ SECRET_ENV = "HOROVOD_PRIO_ARBITER_SECRET"
 
 # the project's parsers, as for the HOROVOD_PRIO_* variables
 _bytes = units.arg(units.parse_bytes, 1)
-_bytes_or_off = units.arg(units.parse_bytes, 0)
 _seconds = units.arg(units.parse_float, 0, strict=True, unit=" seconds")
 _count = units.arg(units.parse_int, 0)
 _positive_count = units.arg(units.parse_int, 1)
@@ -56,11 +55,6 @@ def build_parser():
                         "preempts within one chunk)")
     p.add_argument("--link-credit", type=_link_credit, action="append", default=[], metavar="LINK=N",
                    help="credit for one link (repeatable)")
-    p.add_argument("--solo-credit-bytes", type=_bytes_or_off, default=0, metavar="N",
-                   help="while one job is alone on a link (no other job has requests pending "
-                        "or granted there, none of a higher class is connected) its grants may "
-                        "fill N bytes instead of the credit: fewer waves for a lone job; a job "
-                        "arriving then waits behind at most N bytes (default 0 = off)")
     p.add_argument("--lease-seconds", type=_seconds, default=10.0, metavar="S",
                    help="a grant not completed within S seconds expires (default 10)")
     p.add_argument("--starvation-bound", type=_count, default=8, metavar="K",
@@ -124,7 +118,6 @@ def main(argv=None):
     srv = ArbiterServer(addr[0], addr[1], secret, credit_bytes=args.credit_bytes,
                         lease_seconds=args.lease_seconds, starvation_bound=args.starvation_bound,
                         link_credits=dict(args.link_credit), order=args.order,
-                        solo_credit_bytes=args.solo_credit_bytes,
                         handshake_timeout=args.handshake_timeout,
                         max_connections=args.max_connections, max_handshakes=args.max_handshakes)
     try:

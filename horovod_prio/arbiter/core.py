@@ -43,19 +43,7 @@ credit. Urgency compares, in this order:
    (base + boost x step).
 
 A request larger than the credit is granted alone once nothing is
-outstanding.
-
-Solo credit (``solo_credit_bytes``, 0 = off): while the job of the request
-at the head is the only job with requests pending or granted on the link,
-and no connected job of the link has a higher class, the head may be
-granted up to ``max(credit, solo credit)`` outstanding bytes instead of the
-credit. The credit is what keeps the cross-job order tight (a more urgent
-job arriving waits behind at most that many bytes); a job alone on the link
-has no one to order against, and a small credit only cuts its step into
-more waves, each paying its own collective round. A job arriving while the
-lone job holds more than the credit waits until the outstanding bytes drop
-below the credit again (at most the solo credit: the bound the solo credit
-trades for the lone job's speed); from then on the credit binds as usual. Strict order: if the head does not fit, nothing behind it is
+outstanding. Strict order: if the head does not fit, nothing behind it is
 granted either (small low-priority chunks never overtake a big urgent one).
 
 Starvation bound ``K`` (per job, within a class): a job with pending requests
@@ -163,12 +151,9 @@ class Lane:
 
 
 class Link:
-    def __init__(self, name, credit, max_departed, solo_credit=0):
+    def __init__(self, name, credit, max_departed):
         self.name = name
         self.credit = credit
-        self.solo_credit = max(credit, solo_credit) if solo_credit else 0   # 0: off
-        self.busy = 0           # jobs with requests pending or granted on the link
-        self.top_class = None   # the highest class among the connected jobs
         self.outstanding_bytes = 0
         self.outstanding = 0
         self.lanes = {}                 # job class -> Lane
@@ -182,21 +167,16 @@ class Link:
         self.max_departed = max_departed
         self.c = {"grants": 0, "immediate_grants": 0, "waits": 0, "wait_seconds_total": 0.0,
                   "wait_seconds_max": 0.0, "expired_leases": 0, "starvation_grants": 0,
-                  "completions": 0, "cancelled": 0, "dropped": 0, "renewals": 0,
-                  "solo_grants": 0}
+                  "completions": 0, "cancelled": 0, "dropped": 0, "renewals": 0}
         self.bursts = 0         # bursts started (counted in both orders)
 
     def join(self, job):
         self.jobs.add(job)
-        if self.top_class is None or job.job_class > self.top_class:
-            self.top_class = job.job_class
         self.connected_ids[job.job_id] = self.connected_ids.get(job.job_id, 0) + 1
         self.departed.pop(job.job_id, None)
 
     def leave(self, job):
         self.jobs.discard(job)
-        if job.job_class == self.top_class:
-            self.top_class = max((j.job_class for j in self.jobs), default=None)
         jid = job.job_id
         n = self.connected_ids[jid] - 1
         if n:
@@ -212,8 +192,7 @@ class Link:
         d = dict(self.c)
         d.update(connected_jobs=len(self.jobs), pending=self.npending,
                  outstanding_grants=self.outstanding, outstanding_bytes=self.outstanding_bytes,
-                 credit_bytes=self.credit, solo_credit_bytes=self.solo_credit,
-                 grants_per_job=dict(self.per_job),
+                 credit_bytes=self.credit, grants_per_job=dict(self.per_job),
                  job_classes={j.job_id: j.job_class for j in self.jobs},
                  job_steps={j.job_id: j.burst_step for j in self.jobs}, bursts=self.bursts)
         return d
@@ -230,14 +209,11 @@ class Arbiter:
 
     def __init__(self, credit_bytes=8 << 20, lease_seconds=10.0, starvation_bound=8,
                  link_credits=None, clock=time.monotonic, max_pending_per_job=1 << 16,
-                 order="burst", max_departed_jobs=256, max_idle_links=64, solo_credit_bytes=0):
+                 order="burst", max_departed_jobs=256, max_idle_links=64):
         if order not in self.ORDERS:
             raise ValueError("order must be one of %s, got %r" % ("/".join(self.ORDERS), order))
         if credit_bytes < 1:
             raise ValueError("credit_bytes must be >= 1, got %r" % (credit_bytes,))
-        if solo_credit_bytes < 0:
-            raise ValueError("solo_credit_bytes must be >= 0 (0 = off), got %r"
-                             % (solo_credit_bytes,))
         if not lease_seconds > 0:
             raise ValueError("lease_seconds must be > 0, got %r" % (lease_seconds,))
         if starvation_bound < 0:
@@ -246,7 +222,6 @@ class Arbiter:
         self.lease_seconds = float(lease_seconds)
         self.starvation_bound = int(starvation_bound)
         self.link_credits = dict(link_credits or {})
-        self.solo_credit_bytes = int(solo_credit_bytes)
         self.clock = clock
         self.order = order
         self.max_pending_per_job = max_pending_per_job
@@ -264,7 +239,7 @@ class Arbiter:
         ln = self.links.get(link)
         if ln is None:
             ln = self.links[link] = Link(link, self.link_credits.get(link, self.credit_bytes),
-                                         self.max_departed_jobs, self.solo_credit_bytes)
+                                         self.max_departed_jobs)
         self._idle.pop(link, None)
         job = Job(job_id, link, peer, job_class)
         ln.join(job)
@@ -276,8 +251,6 @@ class Arbiter:
         if ln is None or job not in ln.jobs:
             return []
         ln.leave(job)
-        if job.reqs:
-            ln.busy -= 1
         for r in list(job.reqs.values()):
             self._remove(ln, r)
             ln.c["dropped"] += 1
@@ -305,8 +278,6 @@ class Arbiter:
         self._seq += 1
         r = Request(job, token, chunk, priority, nbytes, self._seq, now)
         rekey = job.npending == 0
-        if not job.reqs:
-            ln.busy += 1
         if not job.reqs and not (step and step == job.burst_step):
             ln.bursts += 1                      # idle, and not its burst's step -> a new burst
             job.burst_seq = ln.bursts
@@ -355,8 +326,6 @@ class Arbiter:
             return None
         ln = self.links[job.link]
         ln.c["completions" if r.state == GRANTED else "cancelled"] += 1
-        if not job.reqs:
-            ln.busy -= 1
         self._remove(ln, r)
         return self._schedule(ln, self.clock())
 
@@ -399,8 +368,6 @@ class Arbiter:
             ln = self.links[r.job.link]
             ln.c["expired_leases"] += 1
             r.job.reqs.pop(r.token, None)
-            if not r.job.reqs:
-                ln.busy -= 1
             self._remove(ln, r)
             touched.add(ln)
         for ln in touched:
@@ -490,14 +457,9 @@ class Arbiter:
             r, starved = self._pick(ln)
             if r is None:
                 break
-            job = r.job
-            solo = False
             if ln.outstanding_bytes and ln.outstanding_bytes + r.nbytes > ln.credit:
-                # over the credit: only a job alone on the link may go on, up to the solo credit
-                solo = (ln.solo_credit and ln.busy == 1 and job.job_class >= ln.top_class
-                        and ln.outstanding_bytes + r.nbytes <= ln.solo_credit)
-                if not solo:
-                    break
+                break
+            job = r.job
             lane = ln.lanes[job.job_class]
             lane.grants += 1                    # every other waiting job of the class is passed over
             self._unlink(ln, r)
@@ -512,8 +474,6 @@ class Arbiter:
             c["grants"] += 1
             if starved:
                 c["starvation_grants"] += 1
-            if solo:
-                c["solo_grants"] += 1
             w = now - r.t_arrival
             c["wait_seconds_total"] += w
             if w > c["wait_seconds_max"]:

@@ -207,12 +207,11 @@ class ArbiterServer:
 
     def __init__(self, host="127.0.0.1", port=0, secret=None, credit_bytes=8 << 20,
                  lease_seconds=10.0, starvation_bound=8, link_credits=None,
-                 handshake_timeout=2.0, max_connections=1024, order="burst", max_handshakes=64,
-                 solo_credit_bytes=0):
+                 handshake_timeout=2.0, max_connections=1024, order="burst", max_handshakes=64):
         self.secret = P.load_secret(secret, "arbiter")
         self.host, self.port = host, port
         self.arbiter = Arbiter(credit_bytes, lease_seconds, starvation_bound, link_credits,
-                               order=order, solo_credit_bytes=solo_credit_bytes)
+                               order=order)
         self.handshake_timeout = float(handshake_timeout)
         self.max_connections = max_connections
         self.max_handshakes = max_handshakes
@@ -251,7 +250,6 @@ class ArbiterServer:
         s["handshaking"] = len(self.handshaking)
         s["uptime_seconds"] = round(time.monotonic() - self._t0, 3)
         s["credit_bytes"] = self.arbiter.credit_bytes
-        s["solo_credit_bytes"] = self.arbiter.solo_credit_bytes
         s["lease_seconds"] = self.arbiter.lease_seconds
         s["starvation_bound"] = self.arbiter.starvation_bound
         s["order"] = self.arbiter.order
@@ -284,10 +282,9 @@ class ArbiterServer:
         self._wake_w.setblocking(False)
         self.sel.register(self._wake_r, _READ, _WAKE)
         a = self.arbiter
-        log.info("arbiter: listening on %s:%d (credit %d bytes, solo credit %s, lease %.3fs, "
-                 "starvation bound %d, order %s)", self.address[0], self.address[1], a.credit_bytes,
-                 "%d bytes" % a.solo_credit_bytes if a.solo_credit_bytes else "off",
-                 a.lease_seconds, a.starvation_bound, a.order)
+        log.info("arbiter: listening on %s:%d (credit %d bytes, lease %.3fs, starvation bound %d, "
+                 "order %s)", self.address[0], self.address[1], a.credit_bytes, a.lease_seconds,
+                 a.starvation_bound, a.order)
         return self.address
 
     def start(self):

@@ -131,9 +131,6 @@ def build_parser() -> argparse.ArgumentParser:
       help="the product arbiter's cross-job order (its --order; default burst)")
     a("--arbiter-credit", type=_bytes, default=8 * 1024 * 1024,
       help="granted-but-unfinished bytes per link (default 8MiB, the arbiter's default)")
-    a("--arbiter-solo-credit", type=units.arg(units.parse_bytes, 0), default=0,
-      help="the arbiter's --solo-credit-bytes: the credit of a job alone on its link "
-           "(default 0 = off, the arbiter's default)")
     a("--starvation-bound", type=units.arg(units.parse_int, 0), default=8,
       help="arbiter starvation bound K, 0 = none (default 8, the arbiter's default)")
     a("--overlap", action="store_true",
@@ -237,8 +234,7 @@ def _run(args, argv) -> int:
                       starvation_bound=args.starvation_bound, step_overhead=args.step_overhead,
                       collective_overhead=args.collective_overhead,
                       arbiter_rtt=args.arbiter_rtt, arbiter_credit=args.arbiter_credit,
-                      arbiter_order=args.arbiter_order,
-                      arbiter_solo_credit=args.arbiter_solo_credit)
+                      arbiter_order=args.arbiter_order)
     try:
         link.validate()
     except ValueError as e:

@@ -95,7 +95,6 @@ class LinkConfig:
     starvation_bound: int = 8                  # arbiter CLI default
     arbiter_credit: int = 8 * 1024 * 1024      # arbiter CLI default (per link)
     arbiter_order: str = "burst"               # the arbiter's --order: "chunk" | "burst"
-    arbiter_solo_credit: int = 0               # the arbiter's --solo-credit-bytes (0 = off)
     step_overhead: float = 0.0
     collective_overhead: float = 0.0           # s per collective before it occupies the link
     arbiter_rtt: float = 0.0                   # s, job <-> arbiter round trip
@@ -118,10 +117,9 @@ class LinkConfig:
         if self.arbiter_order not in Arbiter.ORDERS:
             raise ValueError(f"arbiter_order must be one of {', '.join(Arbiter.ORDERS)}, "
                              f"got {self.arbiter_order!r}")
-        for name in ("fusion_threshold", "starvation_bound", "arbiter_credit",
-                     "arbiter_solo_credit"):
+        for name in ("fusion_threshold", "starvation_bound", "arbiter_credit"):
             v = getattr(self, name)
-            lo = 0 if name in ("starvation_bound", "arbiter_solo_credit") else 1
+            lo = 0 if name == "starvation_bound" else 1
             if isinstance(v, bool) or not isinstance(v, numbers.Integral) or v < lo:
                 raise ValueError(f"{name} must be an integer >= {lo}, got {v!r}")
 
@@ -256,10 +254,10 @@ class _LinkArbiter:
     scheduler tickets."""
 
     def __init__(self, sim: "_Sim", credit: int, bound: int, order: str = "burst",
-                 rtt: float = 0.0, solo_credit: int = 0):
+                 rtt: float = 0.0):
         self.sim = sim
         self.core = Arbiter(credit_bytes=credit, lease_seconds=1e18, starvation_bound=bound,
-                            clock=lambda: sim.now, order=order, solo_credit_bytes=solo_credit)
+                            clock=lambda: sim.now, order=order)
         self.handles: Dict[int, object] = {}
         self.jobs: Dict[int, "_Job"] = {}
         self.one_way = rtt / 2.0
@@ -648,7 +646,7 @@ def simulate(jobs: Sequence[JobSpec], mode: str, link: Optional[LinkConfig] = No
     arb = None
     if mode in ("arbiter", "adaptive"):
         arb = _LinkArbiter(sim, link.arbiter_credit, link.starvation_bound, link.arbiter_order,
-                           link.arbiter_rtt, link.arbiter_solo_credit)
+                           link.arbiter_rtt)
     records: List[List[StepRecord]] = [[] for _ in jobs]
     js = [_Job(i, spec, sim, ln, link, pcfg, mode, records[i], arb)
           for i, spec in enumerate(jobs)]

@@ -220,47 +220,9 @@ def test_bad_requests_raise():
     with pytest.raises(ValueError, match="too many"):
         b.request(B, 3, 0, 1)
     for kw, msg in ((dict(credit_bytes=0), "credit_bytes"), (dict(lease_seconds=0), "lease_seconds"),
-                    (dict(starvation_bound=-1), "starvation_bound"), (dict(order="fifo"), "order"),
-                    (dict(solo_credit_bytes=-1), "solo_credit_bytes")):
+                    (dict(starvation_bound=-1), "starvation_bound"), (dict(order="fifo"), "order")):
         with pytest.raises(ValueError, match=msg):
             Arbiter(**kw)
-
-
-@pytest.mark.parametrize("order", ["chunk", "burst"])
-def test_solo_credit_lets_a_lone_job_fill_it_until_another_job_requests(order):
-    a, _ = mk(credit=100, order=order, solo_credit_bytes=300)
-    A, B = a.register("A", "L"), a.register("B", "L")
-    assert names(a.request(A, 1, 0, 100, "a1")) == [("A", "a1")]
-    assert names(a.request(A, 2, 0, 100, "a2")) == [("A", "a2")]    # alone: past the credit
-    assert names(a.request(A, 3, 0, 100, "a3")) == [("A", "a3")]
-    assert a.request(A, 4, 0, 100, "a4") == []                      # 400 > the solo credit
-    assert a.stats()["L"]["solo_grants"] == 2
-    assert a.request(B, 1, 5, 50, "b1") == []       # another job requests: the credit binds
-    assert a.complete(A, 1) == [] and a.complete(A, 2) == []        # 100 outstanding
-    assert names(a.complete(A, 3)) == [("B", "b1")]  # the more urgent one (chunk and burst)
-    assert a.stats()["L"]["solo_grants"] == 2
-    assert names(a.complete(B, 1)) == [("A", "a4")]
-    assert a.links["L"].outstanding_bytes == 100 and a.stats()["L"]["solo_grants"] == 2
-    # B leaves; A alone again, and a connected job of a higher class stops the solo credit
-    a.drop(B)
-    H = a.register("H", "L", job_class=1)
-    a.complete(A, 4)
-    assert names(a.request(A, 5, 0, 100, "a5")) == [("A", "a5")]
-    assert a.request(A, 6, 0, 100, "a6") == []
-    assert names(a.drop(H)) == [("A", "a6")]        # the higher class left: solo again
-    assert a.stats()["L"]["solo_grants"] == 3
-
-
-def test_solo_credit_off_and_below_a_link_credit():
-    for kw in ({}, {"solo_credit_bytes": 0}, {"solo_credit_bytes": 300, "link_credits": {"L": 500}}):
-        a, _ = mk(credit=100, **kw)
-        A = a.register("A", "L")
-        credit = 500 if kw.get("link_credits") else 100
-        got = [len(a.request(A, t, 0, 100)) for t in range(1, 8)]
-        assert sum(got) == credit // 100, kw
-        st = a.stats()["L"]
-        assert st["solo_grants"] == 0 and st["outstanding_bytes"] == credit
-        assert st["solo_credit_bytes"] == (500 if kw.get("link_credits") else 0)
 
 
 def test_burst_is_the_default_order():
@@ -466,12 +428,10 @@ class Model:
     highest pending class, a job passed over by K grants to other jobs of its
     class since its last grant (or since it began waiting) has its own next
     request granted next (the longest passed over first; ties: marked first);
-    strict credit, except that a job alone on the link (no other job with a
-    live request, none of a higher class connected) may fill the solo credit;
-    leases."""
+    strict credit; leases."""
 
-    def __init__(self, credit, K, order, lease, solo=0):
-        self.credit, self.K, self.order, self.lease, self.solo = credit, K, order, lease, solo
+    def __init__(self, credit, K, order, lease):
+        self.credit, self.K, self.order, self.lease = credit, K, order, lease
         self.pending = []           # dicts, arrival order
         self.granted = {}           # (job, token) -> [nbytes, deadline]
         self.bursts = {}            # job -> [start, top priority]
@@ -542,7 +502,6 @@ class Model:
         return self.schedule(now) if gone else []
 
     def drop(self, job, now):
-        self.classes.pop(job)                   # not connected until it registers again
         self.requested.pop(job, None)           # a re-registered job starts afresh
         self.steps.pop(job, None)
         self.bursts.pop(job, None)
@@ -564,10 +523,7 @@ class Model:
                 r = max(self.pending, key=self.rank)
             outstanding = sum(n for n, _ in self.granted.values())
             if outstanding and outstanding + r["nbytes"] > self.credit:
-                alone = (not any(self.live(j) for j in self.classes if j != r["job"])
-                         and self.classes[r["job"]] == max(self.classes.values()))
-                if not (self.solo and alone and outstanding + r["nbytes"] <= self.solo):
-                    break
+                break
             self.pending.remove(r)
             cls = self.classes[r["job"]]
             self.class_grants[cls] = self.class_grants.get(cls, 0) + 1
@@ -583,16 +539,14 @@ class Model:
 def test_grant_sequence_equals_the_naive_model(seed, order):
     """The O(log n) structures of core.Arbiter grant exactly what the naive
     model grants, call by call: classes, starvation bound, cancels, renewals,
-    lease expiry and drops included; step-tagged requests on odd seeds, a solo
-    credit on two seeds of every three."""
+    lease expiry and drops included; step-tagged requests on odd seeds."""
     import random
     rng = random.Random(seed)
     K = rng.choice([0, 1, 2, 3, 8])
     credit = rng.choice([1, 100, 250])
     lease = 5.0
-    solo = [0, 150, 400][seed % 3]              # the credit of a job alone on the link
-    a, clock = mk(credit=credit, lease=lease, K=K, order=order, solo_credit_bytes=solo)
-    m = Model(credit, K, order, lease, max(credit, solo) if solo else 0)
+    a, clock = mk(credit=credit, lease=lease, K=K, order=order)
+    m = Model(credit, K, order, lease)
     names = ["J%d" % i for i in range(rng.randint(1, 5))]
     tagged = seed % 2 == 1                      # odd seeds: requests carry step tags
     job_step = {n: 1 if tagged else 0 for n in names}
