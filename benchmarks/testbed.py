@@ -394,7 +394,13 @@ class Testbed:
 
     def launch_env(self, base: dict | None = None) -> dict:
         """Environment for a launcher (``horovodrun``/``mpirun``) on a host: the
-        ssh shim first on PATH, Open MPI's rsh agent = the shim, OOB/BTL on eth0."""
+        ssh shim first on PATH, Open MPI's rsh agent = the shim, OOB/BTL on eth0,
+        and MPI ranks that yield the core while they wait: the runner pins a
+        job's two ranks (on two hosts) to one core, an oversubscription Open MPI
+        cannot see across namespaces, and its default busy-polling then takes
+        the core from the other rank (one plain Horovod job, 1 Gbit/s, b64:
+        0.59-0.62 s/step busy-polling, 0.46 s yielding, 0.40-0.42 s under Gloo).
+        A value in ``base`` wins."""
         env = dict(os.environ if base is None else base)
         venv = str(Path(sys.executable).parent)
         env["PATH"] = os.pathsep.join([str(self.shim_dir), venv, env.get("PATH") or LOGIN_PATH])
@@ -403,6 +409,7 @@ class Testbed:
         env["OMPI_MCA_btl_tcp_if_include"] = "eth0"
         env.setdefault("OMPI_ALLOW_RUN_AS_ROOT", "1")
         env.setdefault("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1")
+        env.setdefault("OMPI_MCA_mpi_yield_when_idle", "1")
         return env
 
     def shim_log(self) -> list[tuple[float, str, str]]:

@@ -14,4 +14,5 @@ n = int(sys.argv[1]) if len(sys.argv) > 1 else 4
 x = tf.constant(np.full(n, hvd.rank() + 1.0, np.float32))
 y = hvd.allreduce(x, op=hvd.Sum).numpy()
 print(f"RESULT rank {hvd.rank()}/{hvd.size()} host {socket.gethostname()} "
-      f"sum {float(y.min())} {float(y.max())} n {y.size}", flush=True)
+      f"sum {float(y.min())} {float(y.max())} n {y.size} "
+      f"yield {os.environ.get('OMPI_MCA_mpi_yield_when_idle')}", flush=True)
