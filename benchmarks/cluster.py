@@ -504,6 +504,36 @@ def uplink_usage(rec: dict, lo: float, hi: float) -> dict | None:
     return out
 
 
+def core_usage(rec: dict, lo: float, hi: float) -> dict | None:
+    """Per core, the fraction of [lo, hi] it spent in user (incl. nice), system
+    and interrupt (irq + softirq: the kernel's packet processing on the
+    testbed's veths, bridge and tbf lands here, on whichever core it runs) time,
+    and busy = all but idle and iowait; from /proc/stat in the samples."""
+    samples = [s for s in rec.get("uplink_samples") or [] if s.get("cpu")]
+    if hi - lo < 0.3 or len(samples) < 2:
+        return None
+    idx = {k: i for i, k in enumerate(testbed.CPU_FIELDS)}
+    out = {}
+    for cpu in sorted(samples[0]["cpu"], key=lambda c: int(c[3:]) if c[3:].isdigit() else 0):
+        def field(name, cpu=cpu):
+            return lambda s: (s["cpu"].get(cpu) or [None] * len(idx))[idx[name]]
+
+        d = {}
+        for name in testbed.CPU_FIELDS:
+            a, b = _interp(samples, field(name), lo), _interp(samples, field(name), hi)
+            if a is None or b is None:
+                d = None
+                break
+            d[name] = b - a
+        tot = sum(d.values()) if d else 0
+        if not d or tot <= 0:
+            continue
+        out[cpu] = {"user": (d["user"] + d["nice"]) / tot, "system": d["system"] / tot,
+                    "interrupt": (d["irq"] + d["softirq"]) / tot,
+                    "busy": 1 - (d["idle"] + d["iowait"]) / tot}
+    return out or None
+
+
 def run_stats(rec: dict) -> dict:
     """Per job: median s/step over all measured steps, while every job was
     measuring ("shared"), and outside that window ("alone"); the shared window;
@@ -536,6 +566,7 @@ def run_stats(rec: dict) -> dict:
     if span is None and any(steps):
         span = (min(s[0][0] for s in steps if s), max(s[-1][1] for s in steps if s))
     out["uplink"] = uplink_usage(rec, *span) if span else None
+    out["cores"] = core_usage(rec, *span) if span else None
     meta = (jobs[0].get("meta") or {}) if jobs else {}
     gb = meta.get("grad_bytes")
     # ring allreduce of 2 ranks: each rank sends S, i.e. S per direction of the uplink
@@ -579,6 +610,12 @@ def summarize(results: dict) -> tuple[list[dict], list[dict]]:
         row["floor_s"] = report.median([s["floor"] for s in st])
         for d in ("AB", "BA"):
             row[f"busy_{d}"] = report.median([(s["uplink"] or {}).get(d) for s in st])
+        cores = sorted({c for x in st for c in (x.get("cores") or {})},
+                       key=lambda c: int(c[3:]) if c[3:].isdigit() else 0)
+        row["cores"] = {c: {k: report.median([((x.get("cores") or {}).get(c) or {}).get(k)
+                                              for x in st])
+                            for k in ("busy", "user", "system", "interrupt")}
+                        for c in cores}
         sp, worst = [], []
         per_job_ratio = [[] for _ in range(njobs)]
         for r in ok:
@@ -670,6 +707,15 @@ def markdown(results: dict) -> str:
             f"| {f(j['median_shared'])} | {f(j['median_alone'])} | {f(j['vs_hvd'], '{:.2f}×')} "
             f"| {f(j['share'], '{:.0%}')} | {'–' if j['max_boost'] is None else j['max_boost']} "
             f"| {f(j['raises'], '{:.0f}')} |")
+    core_rows = [r for r in rows if r.get("cores")]
+    if core_rows:
+        lines += ["", "| variant | core | busy | user | system | irq + softirq |",
+                  "|---|---|---|---|---|---|"]
+        for r in core_rows:
+            for c, u in r["cores"].items():
+                lines.append(f"| {r['variant']} | {c} | "
+                             + " | ".join(f(u[k], "{:.0%}") for k in
+                                          ("busy", "user", "system", "interrupt")) + " |")
     for r in results.get("runs", []):
         if r.get("status") != "ok":
             lines += ["", f"Failed ({r.get('label')}): "
@@ -688,7 +734,11 @@ def markdown(results: dict) -> str:
               "step: union of the job's 'arbiter' trace spans (request → grant) per measured "
               "step, median over jobs and repeats. grants queued: arbiter --stats (waits / "
               "grants on link 'uplink') between the common start and the end. boost: the "
-              "horovod_prio logger's policy events (rank 0)."]
+              "horovod_prio logger's policy events (rank 0). core: fraction of the shared "
+              "window (of the whole span with one job) each core spent busy, in user, "
+              "system and interrupt time (/proc/stat; the kernel's packet processing for "
+              "every job's traffic counts on whichever core it runs), median over repeats; "
+              f"pin={meta.get('pin')} (job: job i's hosts on core i mod cores)."]
     return "\n".join(lines)
 
 

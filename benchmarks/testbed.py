@@ -539,10 +539,33 @@ def parse_net_dev(text: str) -> dict[str, tuple[int, int]]:
     return out
 
 
+CPU_FIELDS = ("user", "nice", "system", "idle", "iowait", "irq", "softirq", "steal")
+
+
+def parse_proc_stat(text: str) -> dict[str, list[int]]:
+    """``{"cpu0": [user, nice, system, idle, iowait, irq, softirq, steal], ...}``
+    (jiffies) from the text of /proc/stat; the all-CPU line ``cpu`` is left out."""
+    out = {}
+    for line in text.splitlines():
+        f = line.split()
+        if len(f) >= 1 + len(CPU_FIELDS) and f[0].startswith("cpu") and f[0] != "cpu":
+            out[f[0]] = [int(x) for x in f[1:1 + len(CPU_FIELDS)]]
+    return out
+
+
+def cpu_jiffies() -> dict[str, list[int]]:
+    """Per-core time counters of this machine (see :func:`parse_proc_stat`), {} if unreadable."""
+    try:
+        return parse_proc_stat(Path("/proc/stat").read_text())
+    except OSError:
+        return {}
+
+
 class LinkSampler:
-    """A thread sampling the uplink's tc counters and the hosts' veth counters
-    every ``interval`` seconds: ``samples`` = list of
-    ``{"t": wall s, "AB": bytes, "BA": bytes, "hosts": {host: [sent, received]}}``."""
+    """A thread sampling the uplink's tc counters, the hosts' veth counters and
+    each core's time counters every ``interval`` seconds: ``samples`` = list of
+    ``{"t": wall s, "AB": bytes, "BA": bytes, "hosts": {host: [sent, received]},
+    "cpu": {"cpu0": [jiffies per CPU_FIELDS], ...}}``."""
 
     def __init__(self, testbed: Testbed, interval: float = 0.1):
         self.testbed, self.interval = testbed, interval
@@ -554,7 +577,7 @@ class LinkSampler:
         t = time.time()
         up = self.testbed.uplink_bytes()
         hosts = {k: list(v) for k, v in self.testbed.host_bytes().items()}
-        s = {"t": t, "AB": up["AB"], "BA": up["BA"], "hosts": hosts}
+        s = {"t": t, "AB": up["AB"], "BA": up["BA"], "hosts": hosts, "cpu": cpu_jiffies()}
         self.samples.append(s)
         return s
 

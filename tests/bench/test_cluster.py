@@ -5,7 +5,7 @@ import json
 
 import pytest
 
-from benchmarks import cluster
+from benchmarks import cluster, testbed
 from benchmarks.cluster import parse_job
 
 
@@ -162,7 +162,11 @@ def _samples():
         out.append({"t": t, "AB": int(100e6 * x), "BA": int(50e6 * x),
                     "hosts": {"a1": [int(60e6 * x), 0], "b1": [int(30e6 * x), 0],
                               "a2": [int(40e6 * x), 0], "b2": [int(20e6 * x), 0],
-                              "head": [0, 0]}})
+                              "head": [0, 0]},
+                    # jiffies: cpu0 60 % user, 10 % system, 10 % softirq; cpu1 20 % user
+                    "cpu": {"cpu0": [int(60 * x), 0, int(10 * x), int(20 * x), 0, 0,
+                                     int(10 * x), 0],
+                            "cpu1": [int(20 * x), 0, 0, int(80 * x), 0, 0, 0, 0]}})
     return out
 
 
@@ -209,6 +213,22 @@ def test_run_stats_shared_window_alone_steps_and_uplink_share():
     assert up["share"]["job0"] == pytest.approx(0.6, rel=1e-3)
     assert up["share"]["job1"] == pytest.approx(0.4, rel=1e-3)
     assert st["floor"] == pytest.approx(2 * 25_324_584 * 8 / 1e9)
+    c0, c1 = st["cores"]["cpu0"], st["cores"]["cpu1"]
+    assert (c0["busy"], c0["user"], c0["system"], c0["interrupt"]) == pytest.approx(
+        (0.8, 0.6, 0.1, 0.1), abs=0.01)
+    assert (c1["busy"], c1["interrupt"]) == pytest.approx((0.2, 0.0), abs=0.01)
+    old = _run("spec", 0, 0.4, 0.5, arb=True)       # a record from before the core counters
+    for smp in old["uplink_samples"]:
+        del smp["cpu"]
+    assert cluster.run_stats(old)["cores"] is None
+
+
+def test_proc_stat_per_core_counters():
+    text = ("cpu  10 1 5 100 2 0 3 0 0 0\ncpu0 4 1 2 50 1 0 2 0 0 0\n"
+            "cpu1 6 0 3 50 1 0 1 0 0 0\nintr 123 4\nctxt 99\n")
+    assert testbed.parse_proc_stat(text) == {"cpu0": [4, 1, 2, 50, 1, 0, 2, 0],
+                                             "cpu1": [6, 0, 3, 50, 1, 0, 1, 0]}
+    assert set(testbed.cpu_jiffies()) >= {"cpu0"}          # this machine's /proc/stat
 
 
 def test_summary_ratios_against_hvd_of_the_same_repeat_and_report(tmp_path, monkeypatch):
@@ -230,6 +250,8 @@ def test_summary_ratios_against_hvd_of_the_same_repeat_and_report(tmp_path, monk
     assert "| 1.11× (1.11–1.11) |" in md     # median, then the per-repeat spread
     assert "| 1.00× |" in md                  # the baseline row has no spread
     assert "git abc1234" in md and "transport gloo" in md
+    assert "| spec | cpu0 | 80% | 6" in md and "| hvd | cpu0 | 80% | 60% | 10% | 10% |" in md
+    assert "| hvd | cpu1 | 20% | 20% | 0% | 0% |" in md
     assert "Failed (spec-r2): job job1 (prio) exited" in md
     assert "1-min load average" in md
     (tmp_path / "results.json").write_text(json.dumps(res))
