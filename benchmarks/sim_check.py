@@ -30,10 +30,15 @@ step pays once per chunk) on ``prio``, then the job-to-arbiter round trip on
 into every simulated variant of ``DIR`` (only its compute scale is fitted
 there), so the two-job rows are predictions from one job measured alone.
 ``--collective-overhead`` / ``--arbiter-rtt`` give the costs directly.
+``--compute-scale calibrated`` also takes the compute scale from ALONE instead
+of fitting it on ``DIR``'s plain Horovod run (with one core per job, a job's
+compute does not depend on the other job), so that the plain-Horovod rows are
+predictions too (``--compute-scale K`` gives it by hand).
 """
 from __future__ import annotations
 
 import argparse
+import datetime as _dt
 import json
 import statistics
 import sys
@@ -45,9 +50,11 @@ from horovod_prio.sim.cli import parse_duration
 from horovod_prio.sim.engine import JobSpec, LinkConfig, simulate
 from horovod_prio.sim.profiles import Profile, load_profile
 
-from . import cluster, netns
+from . import cluster, netns, report
+from .harness import git_rev
 
 _MODE = {"hvd": "fifo", "prio": "priority", "spec": None}
+_PHASE_GRID = 24
 
 
 def _scaled(profile: Profile, k: float) -> Profile:
@@ -71,12 +78,59 @@ def _measured(results: dict) -> dict:
     return out
 
 
+def phase_fractions(run: dict) -> list[float] | None:
+    """Where each job's steps sit in job 0's step cycle during the shared window
+    of one testbed run: for every measured step start of job i, the time since
+    job 0's latest step start, as a fraction of job 0's median step there;
+    median per job (job 0: 0). None for a run of one job, a job joining later,
+    or too few steps."""
+    jobs = run.get("jobs") or []
+    if len(jobs) < 2 or any(float(j.get("start") or 0) > 0 for j in jobs):
+        return None
+    return _phase_of([report.measured_steps(j) for j in jobs])
+
+
+def _phase_of(steps: list[list[tuple[float, float]]]) -> list[float] | None:
+    """:func:`phase_fractions` of per-job (start, end) step lists."""
+    if len(steps) < 2 or any(len(st) < 2 for st in steps):
+        return None
+    lo, hi = max(st[0][0] for st in steps), min(st[-1][1] for st in steps)
+    t0 = [a for a, b in steps[0]]
+    period = _med([b - a for a, b in steps[0] if a >= lo - 1e-6 and b <= hi + 1e-6])
+    if not period or hi <= lo:
+        return None
+    out = [0.0]
+    for st in steps[1:]:
+        ds = []
+        for a, _ in st:
+            prev = [t for t in t0 if t <= a]
+            if lo - 1e-6 <= a <= hi and prev:
+                ds.append(((a - prev[-1]) / period) % 1.0)
+        if not ds:
+            return None
+        out.append(_med(ds))
+    return out
+
+
+def _phases(results: dict) -> dict:
+    """variant -> each job's phase fraction (see :func:`phase_fractions`), median
+    over the variant's ok repeats; only for runs where all jobs start together."""
+    out = {}
+    for v in results["meta"].get("variants") or []:
+        ph = [phase_fractions(r) for r in results["runs"]
+              if r.get("variant") == v and r.get("status") == "ok"]
+        ph = [x for x in ph if x]
+        if ph:
+            out[v] = [_med([x[i] for x in ph]) for i in range(len(ph[0]))]
+    return out
+
+
 def _med(xs):
     xs = [x for x in xs if x is not None]
     return statistics.median(xs) if xs else None
 
 
-def _sim_jobs(results: dict, variant: str, profile: Profile):
+def _sim_jobs(results: dict, variant: str, profile: Profile, offsets=None):
     meta = results["meta"]
     jobs, mode = [], _MODE.get(variant) or "fifo"
     for i, d in enumerate(meta["jobs"]):
@@ -86,8 +140,10 @@ def _sim_jobs(results: dict, variant: str, profile: Profile):
         elif variant == "spec" and impl == "prio" and mode == "fifo":
             mode = "priority"
         cls = d.get("class") if variant == "spec" else None
+        start = (float(d.get("start") or 0.0) + 0.0005 * i if offsets is None
+                 else offsets[i])
         jobs.append(JobSpec(profile, 2, int(d["steps"]) + int(meta["warmup"]),
-                            start=float(d.get("start") or 0.0) + 0.0005 * i, name="job%d" % i,
+                            start=start, name="job%d" % i,
                             seed=i, job_class=int(cls or 0)))
     return jobs, mode
 
@@ -129,14 +185,50 @@ def _bisect(err, lo, hi, geometric=False, n=40):
     return (lo * hi) ** 0.5 if geometric else (lo + hi) / 2
 
 
-def _runner(results, profile, pcfg):
+def _runner(results, profile, pcfg, phases=None):
+    """run(variant, k, ...) -> the simulated per-job stats. With ``phases`` (variant ->
+    the testbed's phase fraction per job) job i starts that fraction of the
+    simulated step after job 0 (the model keeps two jobs' relative phase: it is
+    an input, like a start offset): each job's start is the one of 24 offsets
+    over a step whose simulated phase is nearest the testbed's."""
     meta = results["meta"]
     warmup = int(meta["warmup"])
+    phases = phases or {}
+
+    def once(variant, k, overhead, rtt, offsets):
+        jobs, mode = _sim_jobs(results, variant, _scaled(profile, k), offsets)
+        r = simulate(jobs, mode, _link(meta, overhead, rtt), pcfg)
+        return r, jobs
 
     def run(variant, k, overhead=0.0, rtt=0.0):
-        jobs, mode = _sim_jobs(results, variant, _scaled(profile, k))
-        r = simulate(jobs, mode, _link(meta, overhead, rtt), pcfg)
-        return _sim_stats(r, jobs, warmup)
+        r, jobs = once(variant, k, overhead, rtt, None)
+        want = phases.get(variant)
+        if want and len(want) == len(jobs):
+            # a job's simulated phase is not a simple function of its start offset (the
+            # step itself depends on the phase): try _PHASE_GRID offsets over one step for
+            # each job in turn and keep the one whose simulated phase is nearest
+            period = _med([s.seconds for s in r.steps[0][warmup:]])
+            offsets = [j.start for j in jobs]
+            best = (r, jobs)
+            for i in range(1, len(jobs)):
+                cands = []
+                for g in range(_PHASE_GRID):
+                    offs = list(offsets)
+                    offs[i] = offsets[0] + period * g / _PHASE_GRID
+                    rg, jg = once(variant, k, overhead, rtt, offs)
+                    got = _phase_of([[(s.start, s.end) for s in st[warmup:]] for st in rg.steps])
+                    if got:
+                        d = abs(((want[i] - got[i] + 0.5) % 1.0) - 0.5)
+                        cands.append((d, g, offs, rg, jg))
+                if cands:
+                    _, _, offsets, rg, jg = min(cands, key=lambda c: (c[0], c[1]))
+                    best = (rg, jg)
+            r, jobs = best
+        stats = _sim_stats(r, jobs, warmup)
+        got = _phase_of([[(s.start, s.end) for s in st[warmup:]] for st in r.steps])
+        for i, st in enumerate(stats):
+            st["phase"] = got[i] if got else None
+        return stats
     return run
 
 
@@ -185,32 +277,43 @@ def calibrate(alone: dict, profile: Profile, pcfg: PriorityConfig | None = None)
 
 
 def check(results: dict, profile: Profile, pcfg: PriorityConfig | None = None,
-          overhead: float = 0.0, rtt: float = 0.0) -> dict:
+          overhead: float = 0.0, rtt: float = 0.0, compute_scale: float | None = None,
+          phase: bool = True) -> dict:
+    """Every variant of ``results`` in the simulator. The compute scale is fitted on
+    plain Horovod unless ``compute_scale`` is given; then every row is a prediction.
+    ``phase``: jobs that start together start in the simulator at the relative
+    phase they had on the testbed (:func:`phase_fractions`), else 0.5 ms apart."""
     meta = results["meta"]
     pcfg = pcfg or PriorityConfig.from_env({}, **_job_env(meta))
     measured = _measured(results)
     if "hvd" not in measured:
         raise ValueError("the run has no plain-Horovod (hvd) variant to fit the compute scale on")
-    run = _runner(results, profile, pcfg)
     # fit the compute scale on plain Horovod (bisection: step time grows with k); in a
     # run where a job joins later, on the first job's steps alone (compute and its own
     # communication only: the shared window also depends on how the jobs' phases meet)
     joined = any(float(d.get("start") or 0) > 0 for d in meta["jobs"])
-    k = _bisect(_fit_error(run, "hvd", measured["hvd"],
+    phases = _phases(results) if phase and not joined else {}
+    run = _runner(results, profile, pcfg, phases)
+    fit = compute_scale is None
+    k = compute_scale if not fit else _bisect(_fit_error(run, "hvd", measured["hvd"],
                            kw=lambda x: {"k": x, "overhead": overhead, "rtt": rtt},
                            window="alone" if joined else None),
                 0.05, 20.0, geometric=True)
-    rows = []
+    rows, sim_phases = [], {}
     for v, meas in measured.items():
         sim = run(v, k, overhead, rtt)
+        if v in phases:
+            sim_phases[v] = [s.get("phase") for s in sim]
         for i, (m, s) in enumerate(zip(meas, sim)):
             for key in ("shared", "alone"):
                 if m[key] is None or s[key] is None:
                     continue
                 rows.append({"variant": v, "job": i, "window": key, "measured_s": m[key],
                              "sim_s": s[key], "error": s[key] / m[key] - 1.0,
-                             "fitted": v == "hvd"})
-    return {"compute_scale": k, "collective_overhead": overhead, "arbiter_rtt": rtt,
+                             "fitted": fit and v == "hvd"})
+    return {"compute_scale": k, "compute_scale_fitted": fit, "phases": phases,
+            "sim_phases": sim_phases,
+            "collective_overhead": overhead, "arbiter_rtt": rtt,
             "rows": rows, "command": meta.get("command"), "git": meta.get("git"),
             "date": meta.get("date")}
 
@@ -227,8 +330,21 @@ def _job_env(meta) -> dict:
 
 
 def markdown(res: dict) -> str:
-    lines = ["Testbed: `%s` (git %s, %s); simulator compute scale fitted on plain Horovod: "
-             "%.2f" % (res["command"], res["git"], res["date"], res["compute_scale"]), ""]
+    how = ("fitted on plain Horovod" if res.get("compute_scale_fitted", True)
+           else "given, not fitted (every row is a prediction)")
+    lines = ["Testbed: `%s` (git %s, %s); simulator compute scale %s: "
+             "%.2f" % (res["command"], res["git"], res["date"], how, res["compute_scale"]), ""]
+    if res.get("phases"):
+        lines += ["Jobs start in the simulator at the phase they had on the testbed (job i's "
+                  "step starts as a fraction of job 0's step, median over the shared window "
+                  "and the repeats): " + "; ".join(
+                      "%s %s (simulated: %s)" % (
+                          v, " / ".join("%.2f" % f for f in ph),
+                          " / ".join("–" if f is None else "%.2f" % f
+                                     for f in (res.get("sim_phases") or {}).get(v) or []))
+                      for v, ph in res["phases"].items())
+                  + ". (A phase the model does not hold -- it pulls jobs whose compute "
+                  "dominates into lock-step -- shows as a simulated phase near 0 or 1.)", ""]
     cal = res.get("calibration")
     if cal:
         lines += ["Job-side costs calibrated on one job alone, `%s` (git %s, %s): compute scale "
@@ -241,6 +357,10 @@ def markdown(res: dict) -> str:
     elif res.get("collective_overhead") or res.get("arbiter_rtt"):
         lines += ["Job-side costs given: per-collective overhead %.1f ms, arbiter round trip "
                   "%.1f ms." % (1e3 * res["collective_overhead"], 1e3 * res["arbiter_rtt"]), ""]
+    sim = res.get("simulated")
+    if sim:
+        lines += ["Simulated %s at git %s: `python -m benchmarks.sim_check %s`." % (
+            sim["date"], sim["git"], " ".join(sim["argv"])), ""]
     lines += ["| variant | job | window | testbed s/step | simulator s/step | error |",
               "|---|---|---|---|---|---|"]
     for r in res["rows"]:
@@ -272,12 +392,30 @@ def main(argv=None) -> int:
                    help="per-collective overhead, e.g. 6ms (default 0)")
     p.add_argument("--arbiter-rtt", type=parse_duration, default=0.0, metavar="T",
                    help="job-to-arbiter round trip, e.g. 2ms (default 0)")
+    p.add_argument("--compute-scale", metavar="K|calibrated", default=None,
+                   help="the compute scale instead of fitting it on DIR's plain Horovod run: a "
+                        "number > 0, or 'calibrated' (the one measured on --calibrate's hvd "
+                        "run: the same job's compute alone on the same pinning)")
+    p.add_argument("--no-phase", action="store_true",
+                   help="start jobs that start together 0.5 ms apart in the simulator instead "
+                        "of at the relative phase they had on the testbed")
     p.add_argument("--no-write", action="store_true",
                    help="print the table only; DIR/sim_check.md and .json stay as they are")
     a = p.parse_args(argv)
     if a.calibrate and (a.collective_overhead or a.arbiter_rtt):
         p.error("argument --calibrate: not with --collective-overhead / --arbiter-rtt "
                 "(it measures them)")
+    k = a.compute_scale
+    if k is not None and k != "calibrated":
+        try:
+            k = float(k)
+        except ValueError:
+            k = -1.0
+        if not (0 < k < float("inf")):
+            p.error(f"argument --compute-scale: expected a number > 0 or 'calibrated', "
+                    f"got {a.compute_scale!r}")
+    if k == "calibrated" and not a.calibrate:
+        p.error("argument --compute-scale: 'calibrated' needs --calibrate ALONE")
     d = Path(a.dir)
     results = _load(p, d, "dir")
     try:
@@ -291,12 +429,17 @@ def main(argv=None) -> int:
         except ValueError as e:
             p.error(str(e))
         a.collective_overhead, a.arbiter_rtt = cal["collective_overhead"], cal["arbiter_rtt"]
+        if k == "calibrated":
+            k = cal["compute_scale"]
     try:
-        res = check(results, profile, overhead=a.collective_overhead, rtt=a.arbiter_rtt)
+        res = check(results, profile, overhead=a.collective_overhead, rtt=a.arbiter_rtt,
+                    compute_scale=k, phase=not a.no_phase)
     except ValueError as e:
         p.error(f"argument dir: {e}")
     if cal:
         res["calibration"] = cal
+    res["simulated"] = {"git": git_rev(), "date": _dt.date.today().isoformat(),
+                        "argv": list(argv if argv is not None else sys.argv[1:])}
     md = markdown(res)
     if not a.no_write:
         (d / "sim_check.md").write_text(md)

@@ -97,6 +97,15 @@ def test_calibrate_measures_the_job_side_costs_alone_and_predicts_two_jobs():
     res["calibration"] = cal
     md = sim_check.markdown(res)
     assert "per-collective overhead 4.0 ms" in md and "arbiter round trip 3.0 ms" in md
+    # the compute scale taken from the run alone: nothing fitted, the hvd rows predicted too
+    kw = dict(overhead=cal["collective_overhead"], rtt=cal["arbiter_rtt"])
+    pred = sim_check.check(shared, prof, pcfg, compute_scale=cal["compute_scale"], **kw)
+    assert {r["variant"] for r in pred["rows"]} == {"hvd", "spec"}
+    assert all(not r["fitted"] and abs(r["error"]) < 0.02 for r in pred["rows"]), pred
+    assert "given, not fitted" in sim_check.markdown(pred)
+    half = sim_check.check(shared, prof, pcfg, compute_scale=k / 2, **kw)
+    assert half["compute_scale"] == k / 2
+    assert all(r["error"] < -0.02 for r in half["rows"] if r["variant"] == "hvd"), half
 
 
 def test_calibrate_refuses_a_run_it_cannot_use():
@@ -114,6 +123,9 @@ def test_cli_refuses_bad_costs(tmp_path, capsys):
     for argv, flag in ((["--arbiter-rtt", "-1"], "--arbiter-rtt"),
                        (["--collective-overhead", "soon"], "--collective-overhead"),
                        (["--calibrate", str(tmp_path), "--arbiter-rtt", "0.001"], "--calibrate"),
+                       (["--compute-scale", "calibrated"], "--compute-scale"),
+                       (["--compute-scale", "0"], "--compute-scale"),
+                       (["--compute-scale", "fast"], "--compute-scale"),
                        ([], "argument dir")):
         with pytest.raises(SystemExit):
             sim_check.main([str(tmp_path), "--profile", "x.json"] + argv)
@@ -148,6 +160,10 @@ def test_cli_calibrates_and_writes_unless_told_not_to(tmp_path, capsys):
     assert sim_check.main(argv) == 0
     md = (tmp_path / "shared" / "sim_check.md").read_text()
     assert "Job-side costs calibrated on one job alone" in md and "| spec | 1 | shared |" in md
+    assert "at git " in md and "sim_check %s --profile" % (tmp_path / "shared") in md
+    assert sim_check.main(argv + ["--no-write", "--compute-scale", "calibrated"]) == 0
+    out = capsys.readouterr().out
+    assert "given, not fitted" in out and "| hvd | 0 | shared |" in out
     with pytest.raises(SystemExit):
         sim_check.main([str(tmp_path / "shared"), "--profile", str(tmp_path / "nope.json")])
     assert "--profile" in capsys.readouterr().err
@@ -177,3 +193,53 @@ def test_a_join_run_fits_the_compute_scale_on_the_first_job_alone():
     assert res["compute_scale"] == pytest.approx(k, rel=0.03)
     shared = [r for r in res["rows"] if r["window"] == "shared"]
     assert shared and all(r["error"] < -0.1 for r in shared), shared
+
+
+def _steps_run(starts_per_job, period, start_attr=None):
+    jobs = []
+    for i, t0 in enumerate(starts_per_job):
+        st = [{"step": k, "t_start": t0 + k * period, "t_end": t0 + (k + 1) * period,
+               "warmup": k < 2} for k in range(12)]
+        jobs.append({"name": "job%d" % i, "steps": st, "start": start_attr if i else 0.0})
+    return {"variant": "hvd", "repeat": 0, "status": "ok", "jobs": jobs}
+
+
+def test_phase_fractions_of_a_testbed_run():
+    assert sim_check.phase_fractions(_steps_run([0.0, 0.3], 1.0)) == pytest.approx([0.0, 0.3])
+    assert sim_check.phase_fractions(_steps_run([0.0, 1.75], 1.0)) == pytest.approx([0.0, 0.75])
+    assert sim_check.phase_fractions(_steps_run([0.0, 0.3], 1.0, start_attr=2.0)) is None
+    assert sim_check.phase_fractions(_steps_run([0.0], 1.0)) is None
+
+
+def test_two_jobs_start_at_the_phase_they_had_on_the_testbed():
+    """A 'testbed' whose two plain-Horovod jobs run about half a step apart (one
+    computes while the other communicates), at compute ~ comm. The model does
+    not move two jobs' phase here, so started 0.5 ms apart they stay in
+    lock-step and the prediction is pessimistic; started at the measured phase
+    the run is predicted."""
+    prof, k, warmup, steps = _toy(), 1.2, 3, 12
+    slow = sim_check._scaled(prof, k)
+    link = LinkConfig(bandwidth=1e9 / 8, topology="nic")
+    lockstep = simulate([JobSpec(slow, 2, steps + warmup, start=0.0005 * i, name="job%d" % i)
+                         for i in range(2)], "fifo", link)
+    # job 1 released 0.25 s after job 0: it settles about half a step behind
+    apart = simulate([JobSpec(slow, 2, steps + warmup, start=0.25 * i, name="job%d" % i)
+                      for i in range(2)], "fifo", link)
+    assert apart.steps[0][-1].seconds < 0.9 * lockstep.steps[0][-1].seconds  # phase matters
+    run = fake_run("hvd", apart, warmup)
+    ph = sim_check.phase_fractions(run)
+    assert 0.3 < ph[1] < 0.7
+    meta = _meta(2, ["hvd"], warmup, steps)
+    pcfg = PriorityConfig.from_env({})
+    res = sim_check.check({"meta": meta, "runs": [run]}, prof, pcfg, compute_scale=k)
+    assert res["phases"]["hvd"] == pytest.approx(ph)
+    assert res["sim_phases"]["hvd"][1] == pytest.approx(ph[1], abs=0.03)
+    assert all(abs(r["error"]) < 0.03 for r in res["rows"]), res["rows"]
+    md = sim_check.markdown(res)
+    assert "at the phase they had on the testbed" in md and "(simulated: 0.00 / 0.4" in md
+    fitted = sim_check.check({"meta": meta, "runs": [run]}, prof, pcfg)
+    assert all(abs(r["error"]) < 0.03 for r in fitted["rows"]), fitted["rows"]
+    blind = sim_check.check({"meta": meta, "runs": [run]}, prof, pcfg, compute_scale=k,
+                            phase=False)
+    assert blind["phases"] == {}
+    assert all(r["error"] > 0.1 for r in blind["rows"]), blind["rows"]
