@@ -653,6 +653,13 @@ def test_scenarios_cli_records_its_command_and_takes_the_job_side_costs(tmp_path
     b0, s0 = base["results"][0], slow["results"][0]
     assert s0["prio_mean_s"] > b0["prio_mean_s"] + 0.01     # prio + arbiter pays the grants
     assert s0["hvd_mean_s"] == b0["hvd_mean_s"]             # plain Horovod asks no arbiter
+    # plain Horovod also staggered (job 1 half a step behind): here the link floor,
+    # where the lock-step jobs lose a quarter; the arbiter is compared with both
+    assert b0["hvd_staggered_mean_s"] < 0.9 * b0["hvd_mean_s"]
+    assert b0["hvd_staggered_mean_s"] == pytest.approx(b0["floor_s"], rel=0.02)
+    assert b0["speedup_vs_staggered"] == pytest.approx(
+        b0["hvd_staggered_mean_s"] / b0["prio_mean_s"])
+    assert "staggered" in (tmp_path / "a" / "scenarios.md").read_text()
     capsys.readouterr()
     with pytest.raises(SystemExit):
         scenarios.main(["--arbiter-rtt", "soon"])
