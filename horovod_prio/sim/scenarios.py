@@ -48,6 +48,12 @@ def _window_mean(r: SimResult, job: int, skip: int = 3) -> float:
     return _mean(window_steps(r, job, skip=skip) or r.step_times(job)[skip:] or r.step_times(job))
 
 
+def _captured(hvd: float, prio: float, floor: float) -> Optional[float]:
+    """(hvd - prio) / (hvd - floor); None when plain Horovod is within 1 % of the
+    floor (no headroom to capture: the ratio would be noise over a tiny gap)."""
+    return (hvd - prio) / (hvd - floor) if hvd > 1.01 * floor else None
+
+
 def identical(profile, workers: int, link: LinkConfig, pcfg: PriorityConfig, jobs: int = 2,
               steps: int = 40) -> Dict:
     """K identical jobs: FIFO vs arbiter; floor, headroom captured, worst job.
@@ -73,14 +79,13 @@ def identical(profile, workers: int, link: LinkConfig, pcfg: PriorityConfig, job
     return {
         "scenario": "identical", "jobs": jobs, "alone_s": alone, "floor_s": floor,
         "hvd_s": h, "prio_s": p, "hvd_mean_s": hm, "prio_mean_s": pm,
-        "speedup": hm / pm, "headroom_captured": (hm - pm) / (hm - floor) if hm > floor else None,
+        "speedup": hm / pm, "headroom_captured": _captured(hm, pm, floor),
         "worst_job_vs_hvd": max(b / a for a, b in zip(h, p)) - 1.0,
         "link_busy": {"hvd": hvd.link_busy_s / hvd.makespan, "prio": prio.link_busy_s / prio.makespan,
                       "hvd_staggered": stag.link_busy_s / stag.makespan},
         "hvd_staggered_s": hs, "hvd_staggered_mean_s": _mean(hs),
         "speedup_vs_staggered": _mean(hs) / pm,
-        "headroom_captured_vs_staggered": ((_mean(hs) - pm) / (_mean(hs) - floor)
-                                           if _mean(hs) > floor else None),
+        "headroom_captured_vs_staggered": _captured(_mean(hs), pm, floor),
         "worst_job_vs_staggered": max(b / a for a, b in zip(hs, p)) - 1.0,
     }
 
