@@ -113,15 +113,15 @@ def _phase_of(steps: list[list[tuple[float, float]]]) -> list[float] | None:
 
 
 def _phases(results: dict) -> dict:
-    """variant -> each job's phase fraction (see :func:`phase_fractions`), median
-    over the variant's ok repeats; only for runs where all jobs start together."""
+    """variant -> the phase fractions (see :func:`phase_fractions`) of each of its ok
+    repeats; only for runs where all jobs start together."""
     out = {}
     for v in results["meta"].get("variants") or []:
         ph = [phase_fractions(r) for r in results["runs"]
               if r.get("variant") == v and r.get("status") == "ok"]
         ph = [x for x in ph if x]
         if ph:
-            out[v] = [_med([x[i] for x in ph]) for i in range(len(ph[0]))]
+            out[v] = ph
     return out
 
 
@@ -189,8 +189,9 @@ def _runner(results, profile, pcfg, phases=None):
     """run(variant, k, ...) -> the simulated per-job stats. With ``phases`` (variant ->
     the testbed's phase fraction per job) job i starts that fraction of the
     simulated step after job 0 (the model keeps two jobs' relative phase: it is
-    an input, like a start offset): each job's start is the one of 24 offsets
-    over a step whose simulated phase is nearest the testbed's."""
+    an input, like a start offset): each repeat is simulated on its own, each job
+    starting at the one of 24 offsets over a step whose simulated phase is
+    nearest that repeat's; the per-job results are medians over the repeats."""
     meta = results["meta"]
     warmup = int(meta["warmup"])
     phases = phases or {}
@@ -200,16 +201,14 @@ def _runner(results, profile, pcfg, phases=None):
         r = simulate(jobs, mode, _link(meta, overhead, rtt), pcfg)
         return r, jobs
 
-    def run(variant, k, overhead=0.0, rtt=0.0):
+    def at_phase(variant, k, overhead, rtt, want):
         r, jobs = once(variant, k, overhead, rtt, None)
-        want = phases.get(variant)
         if want and len(want) == len(jobs):
             # a job's simulated phase is not a simple function of its start offset (the
             # step itself depends on the phase): try _PHASE_GRID offsets over one step for
             # each job in turn and keep the one whose simulated phase is nearest
             period = _med([s.seconds for s in r.steps[0][warmup:]])
             offsets = [j.start for j in jobs]
-            best = (r, jobs)
             for i in range(1, len(jobs)):
                 cands = []
                 for g in range(_PHASE_GRID):
@@ -221,14 +220,20 @@ def _runner(results, profile, pcfg, phases=None):
                         d = abs(((want[i] - got[i] + 0.5) % 1.0) - 0.5)
                         cands.append((d, g, offs, rg, jg))
                 if cands:
-                    _, _, offsets, rg, jg = min(cands, key=lambda c: (c[0], c[1]))
-                    best = (rg, jg)
-            r, jobs = best
+                    _, _, offsets, r, jobs = min(cands, key=lambda c: (c[0], c[1]))
         stats = _sim_stats(r, jobs, warmup)
         got = _phase_of([[(s.start, s.end) for s in st[warmup:]] for st in r.steps])
         for i, st in enumerate(stats):
             st["phase"] = got[i] if got else None
         return stats
+
+    def run(variant, k, overhead=0.0, rtt=0.0):
+        """Per job: the median over the variant's repeats (each simulated at its own
+        testbed phase) of the shared / alone step, and each repeat's simulated phase."""
+        reps = [at_phase(variant, k, overhead, rtt, w) for w in phases.get(variant) or [None]]
+        return [{"shared": _med([rp[i]["shared"] for rp in reps]),
+                 "alone": _med([rp[i]["alone"] for rp in reps]),
+                 "phase": [rp[i]["phase"] for rp in reps]} for i in range(len(reps[0]))]
     return run
 
 
@@ -303,7 +308,7 @@ def check(results: dict, profile: Profile, pcfg: PriorityConfig | None = None,
     for v, meas in measured.items():
         sim = run(v, k, overhead, rtt)
         if v in phases:
-            sim_phases[v] = [s.get("phase") for s in sim]
+            sim_phases[v] = [s.get("phase") for s in sim]     # per job, per repeat
         for i, (m, s) in enumerate(zip(meas, sim)):
             for key in ("shared", "alone"):
                 if m[key] is None or s[key] is None:
@@ -335,16 +340,21 @@ def markdown(res: dict) -> str:
     lines = ["Testbed: `%s` (git %s, %s); simulator compute scale %s: "
              "%.2f" % (res["command"], res["git"], res["date"], how, res["compute_scale"]), ""]
     if res.get("phases"):
-        lines += ["Jobs start in the simulator at the phase they had on the testbed (job i's "
-                  "step starts as a fraction of job 0's step, median over the shared window "
-                  "and the repeats): " + "; ".join(
-                      "%s %s (simulated: %s)" % (
-                          v, " / ".join("%.2f" % f for f in ph),
-                          " / ".join("–" if f is None else "%.2f" % f
-                                     for f in (res.get("sim_phases") or {}).get(v) or []))
-                      for v, ph in res["phases"].items())
-                  + ". (A phase the model does not hold -- it pulls jobs whose compute "
-                  "dominates into lock-step -- shows as a simulated phase near 0 or 1.)", ""]
+        def fr(x):
+            return "–" if x is None else "%.2f" % x
+        parts = []
+        for v, reps in res["phases"].items():
+            simd = (res.get("sim_phases") or {}).get(v) or []
+            for i in range(1, len(reps[0])):
+                got = simd[i] if i < len(simd) else []
+                parts.append("%s job %d: %s (simulated %s)" % (
+                    v, i, " / ".join(fr(rp[i]) for rp in reps),
+                    " / ".join(fr(g) for g in got)))
+        lines += ["Each repeat is simulated with the jobs at the phase they had on the testbed "
+                  "(job i's step starts as a fraction of job 0's step, median over the shared "
+                  "window; per repeat): " + "; ".join(parts) + ". A phase the model does not "
+                  "hold (it pulls jobs whose compute dominates into lock-step) shows as a "
+                  "simulated phase far from the testbed's.", ""]
     cal = res.get("calibration")
     if cal:
         lines += ["Job-side costs calibrated on one job alone, `%s` (git %s, %s): compute scale "
