@@ -642,11 +642,14 @@ def test_scenarios_cli_records_its_command_and_takes_the_job_side_costs(tmp_path
 
     def run(out, *extra):
         argv = ["--model", "resnet50", "--jobs", "2", "--workers", "2", "--steps", "10",
-                "--bandwidth", "10gbit", "--scenarios", "identical", "--out", str(out), *extra]
+                "--bandwidth", "10gbit", "--scenarios", "identical,classes", "--out", str(out),
+                *extra]
         assert scenarios.main(argv) == 0
         return json.loads((out / "scenarios.json").read_text())
 
     base = run(tmp_path / "a")
+    cl = base["results"][1]
+    assert cl["scenario"] == "classes" and cl["hvd_staggered_ratio"] < 0.95 * cl["hvd_ratio"]
     slow = run(tmp_path / "b", "--arbiter-rtt", "20ms")
     assert base["command"].startswith("python -m horovod_prio.sim.scenarios --model resnet50")
     assert base["date"] and "--arbiter-rtt 20ms" in slow["command"]
