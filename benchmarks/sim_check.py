@@ -11,6 +11,14 @@ without an arbiter (priority release + the adaptive policy, which without an
 arbiter changes nothing across jobs), ``spec`` with arbiter jobs as the
 product's arbiter + adaptive policy.
 
+Jobs that start together are simulated per repeat, at the relative phase
+they had on the testbed in that repeat (job i's step starts as a fraction of
+job 0's step in the shared window: :func:`phase_fractions`); the model keeps
+a phase once set (fluid fair sharing has nothing that moves it, and where
+compute dominates it pulls jobs into lock-step), while testbed jobs drift
+apart, so at 0.5 ms apart it would simulate a lock-step the testbed did not
+have. ``--no-phase``: 0.5 ms apart, one run per variant (the earlier model).
+
 One parameter is fitted on the run itself, on the plain-Horovod variant only:
 the compute time scale (the profile is measured one process alone; on the
 testbed two ranks of a job share a core with their communication threads),
@@ -187,9 +195,8 @@ def _bisect(err, lo, hi, geometric=False, n=40):
 
 def _runner(results, profile, pcfg, phases=None):
     """run(variant, k, ...) -> the simulated per-job stats. With ``phases`` (variant ->
-    the testbed's phase fraction per job) job i starts that fraction of the
-    simulated step after job 0 (the model keeps two jobs' relative phase: it is
-    an input, like a start offset): each repeat is simulated on its own, each job
+    each repeat's testbed phase fractions, :func:`_phases`) each repeat is
+    simulated on its own (a phase is an input, like a start offset), each job
     starting at the one of 24 offsets over a step whose simulated phase is
     nearest that repeat's; the per-job results are medians over the repeats."""
     meta = results["meta"]
