@@ -60,10 +60,10 @@ def identical(profile, workers: int, link: LinkConfig, pcfg: PriorityConfig, job
 
     The jobs start together (0.5 ms apart), which the model keeps in lock-step:
     every job computes, then all communicate at once. Jobs on a real shared link
-    drift apart (on the testbed two plain-Horovod jobs settle about half a step
-    apart: docs/sim.md), so plain Horovod is also run *staggered*, job k
-    released k/K of a step alone after job 0, and the arbiter is compared with
-    both."""
+    drift apart (on the testbed, over 60 plain-Horovod repeats of two identical
+    jobs, job 1 sat a median 0.37 of a step away from lock-step: docs/sim.md), so
+    plain Horovod is also run *staggered*, job k released k/K of a step alone
+    after job 0, and the arbiter is compared with both."""
     specs = [JobSpec(profile, workers, steps, start=0.0005 * k, name="job%d" % k, seed=k)
              for k in range(jobs)]
     alone = _window_mean(simulate(specs[:1], "fifo", link), 0)
