@@ -504,6 +504,11 @@ def uplink_usage(rec: dict, lo: float, hi: float) -> dict | None:
     return out
 
 
+def _core_order(cpu: str) -> int:
+    """Sort key of a /proc/stat core name: cpu2 before cpu10."""
+    return int(cpu[3:]) if cpu[3:].isdigit() else 0
+
+
 def core_usage(rec: dict, lo: float, hi: float) -> dict | None:
     """Per core, the fraction of [lo, hi] it spent in user (incl. nice), system
     and interrupt (irq + softirq: the kernel's packet processing on the
@@ -514,7 +519,7 @@ def core_usage(rec: dict, lo: float, hi: float) -> dict | None:
         return None
     idx = {k: i for i, k in enumerate(testbed.CPU_FIELDS)}
     out = {}
-    for cpu in sorted(samples[0]["cpu"], key=lambda c: int(c[3:]) if c[3:].isdigit() else 0):
+    for cpu in sorted(samples[0]["cpu"], key=_core_order):
         def field(name, cpu=cpu):
             return lambda s: (s["cpu"].get(cpu) or [None] * len(idx))[idx[name]]
 
@@ -610,8 +615,7 @@ def summarize(results: dict) -> tuple[list[dict], list[dict]]:
         row["floor_s"] = report.median([s["floor"] for s in st])
         for d in ("AB", "BA"):
             row[f"busy_{d}"] = report.median([(s["uplink"] or {}).get(d) for s in st])
-        cores = sorted({c for x in st for c in (x.get("cores") or {})},
-                       key=lambda c: int(c[3:]) if c[3:].isdigit() else 0)
+        cores = sorted({c for x in st for c in (x.get("cores") or {})}, key=_core_order)
         row["cores"] = {c: {k: report.median([((x.get("cores") or {}).get(c) or {}).get(k)
                                               for x in st])
                             for k in ("busy", "user", "system", "interrupt")}

@@ -46,6 +46,7 @@ predictions too (``--compute-scale K`` gives it by hand).
 from __future__ import annotations
 
 import argparse
+import bisect
 import datetime as _dt
 import json
 import statistics
@@ -111,9 +112,9 @@ def _phase_of(steps: list[list[tuple[float, float]]]) -> list[float] | None:
     for st in steps[1:]:
         ds = []
         for a, _ in st:
-            prev = [t for t in t0 if t <= a]
-            if lo - 1e-6 <= a <= hi and prev:
-                ds.append(((a - prev[-1]) / period) % 1.0)
+            k = bisect.bisect_right(t0, a)          # job 0's steps started by a
+            if lo - 1e-6 <= a <= hi and k:
+                ds.append(((a - t0[k - 1]) / period) % 1.0)
         if not ds:
             return None
         out.append(_med(ds))
@@ -208,6 +209,9 @@ def _runner(results, profile, pcfg, phases=None):
         r = simulate(jobs, mode, _link(meta, overhead, rtt), pcfg)
         return r, jobs
 
+    def sim_phase(r):
+        return _phase_of([[(s.start, s.end) for s in st[warmup:]] for st in r.steps])
+
     def at_phase(variant, k, overhead, rtt, want):
         r, jobs = once(variant, k, overhead, rtt, None)
         if want and len(want) == len(jobs):
@@ -222,14 +226,14 @@ def _runner(results, profile, pcfg, phases=None):
                     offs = list(offsets)
                     offs[i] = offsets[0] + period * g / _PHASE_GRID
                     rg, jg = once(variant, k, overhead, rtt, offs)
-                    got = _phase_of([[(s.start, s.end) for s in st[warmup:]] for st in rg.steps])
+                    got = sim_phase(rg)
                     if got:
                         d = abs(((want[i] - got[i] + 0.5) % 1.0) - 0.5)
                         cands.append((d, g, offs, rg, jg))
                 if cands:
                     _, _, offsets, r, jobs = min(cands, key=lambda c: (c[0], c[1]))
         stats = _sim_stats(r, jobs, warmup)
-        got = _phase_of([[(s.start, s.end) for s in st[warmup:]] for st in r.steps])
+        got = sim_phase(r)
         for i, st in enumerate(stats):
             st["phase"] = got[i] if got else None
         return stats

@@ -198,22 +198,18 @@ def _table(results: List[Dict]) -> str:
             lines += ["| identical, %d jobs | hvd %.4f s in lock-step, %s staggered | prio+arbiter "
                       "%.4f s | floor %.4f s | speedup %.2fx (%s vs staggered) | headroom "
                       "captured %s (%s) | worst job %+.1f%% (%s) |" % (
-                          r["jobs"], r["hvd_mean_s"],
-                          "%.4f s" % r["hvd_staggered_mean_s"] if "hvd_staggered_mean_s" in r
-                          else "-", r["prio_mean_s"], r["floor_s"], r["speedup"],
-                          "%.2fx" % r["speedup_vs_staggered"] if "speedup_vs_staggered" in r
-                          else "-", pct(r["headroom_captured"]),
-                          pct(r.get("headroom_captured_vs_staggered")),
+                          r["jobs"], r["hvd_mean_s"], "%.4f s" % r["hvd_staggered_mean_s"],
+                          r["prio_mean_s"], r["floor_s"], r["speedup"],
+                          "%.2fx" % r["speedup_vs_staggered"], pct(r["headroom_captured"]),
+                          pct(r["headroom_captured_vs_staggered"]),
                           100 * r["worst_job_vs_hvd"],
-                          "%+.1f%%" % (100 * r["worst_job_vs_staggered"])
-                          if "worst_job_vs_staggered" in r else "-")]
+                          "%+.1f%%" % (100 * r["worst_job_vs_staggered"]))]
         elif r["scenario"] == "classes":
             lines += ["| class 1 beside %d class-0 | alone %.4f s | with them %.4f s (%.2fx; plain "
                       "Horovod %.2fx in lock-step, %s staggered) | class-0 steps/s %s | link busy "
                       "%.0f%% |" % (
                           r["jobs"] - 1, r["high_alone_s"], r["high_with_others_s"], r["high_ratio"],
-                          r["hvd_ratio"], "%.2fx" % r["hvd_staggered_ratio"]
-                          if "hvd_staggered_ratio" in r else "-",
+                          r["hvd_ratio"], "%.2fx" % r["hvd_staggered_ratio"],
                           ", ".join("%.2f" % x for x in r["low_steps_per_s"]),
                           100 * r["link_busy"])]
         else:
