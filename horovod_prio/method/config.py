@@ -36,7 +36,8 @@ adjust_groups        HOROVOD_PRIO_ADJUST_GROUPS    1         int >= 1, <= num_gr
 step                 HOROVOD_PRIO_STEP             1         int >= 1
 max_boost            HOROVOD_PRIO_MAX_BOOST        4         int >= 0
 warmup_batches       HOROVOD_PRIO_WARMUP_BATCHES   2         int >= 0
-partition_bytes      HOROVOD_PRIO_PARTITION_BYTES  4 MiB     bytes >= 1024 (overlap: below)
+partition_bytes      HOROVOD_PRIO_PARTITION_BYTES  auto      bytes >= 1024, or "auto" (None):
+                                                             below
 credit_bytes         HOROVOD_PRIO_CREDIT_BYTES     auto      bytes >= 1024, or "auto" (None)
                                                              (overlap: below)
 autotune             HOROVOD_PRIO_AUTOTUNE         False     bool: tune an auto credit online
@@ -80,11 +81,17 @@ Notes:
   An explicit value always wins over the tuner.
   It need not be >= ``partition_bytes``: a chunk bigger than the credit still
   goes out, alone, when nothing else is in flight.
-* Under ``hvd.overlap`` the defaults differ: ``partition_bytes`` is an
-  eighth of the overlapped optimizer's gradient bytes per step, within
-  [1 MiB, 4 MiB], and ``credit_bytes`` one such chunk for the process once an
-  optimizer overlaps (unless ``autotune`` is on). A value given (keyword or
-  env, ``auto`` included) always wins.
+* ``partition_bytes`` ``None`` / ``"auto"`` (the default): each optimizer's
+  chunks hold an eighth of the gradient bytes it reduces per step, within
+  [1 MiB, 4 MiB] (:meth:`PriorityConfig.partition_bytes_for`). A chunk is
+  ready only when its last gradient is, and TensorFlow does not compute the
+  gradients in layer order (with one inter-op thread the weight gradients run
+  after the whole input-gradient chain, input side first): a chunk of a
+  fixed 4 MiB over MobileNetV2's 9 MB made Horovod wait for most of backprop
+  (docs/bench.md).
+* Under ``hvd.overlap`` ``credit_bytes`` defaults to one chunk for the
+  process once an optimizer overlaps (unless ``autotune`` is on). A value
+  given (keyword or env, ``auto`` included) always wins.
 """
 from __future__ import annotations
 
@@ -99,24 +106,23 @@ from . import units
 from .policy import AdaptivePriorityPolicy
 from .sequence import SCENES, base_priorities, partition_groups
 
-__all__ = ["PriorityConfig", "ENV_PREFIX", "register_env_var", "OVERLAP_CHUNKS_PER_STEP",
-           "OVERLAP_MIN_PARTITION_BYTES", "OVERLAP_MAX_PARTITION_BYTES"]
+__all__ = ["PriorityConfig", "ENV_PREFIX", "register_env_var", "CHUNKS_PER_STEP",
+           "MIN_PARTITION_BYTES", "MAX_PARTITION_BYTES"]
 
 logger = logging.getLogger("horovod_prio")
 
 ENV_PREFIX = "HOROVOD_PRIO_"
 
-#: Under ``hvd.overlap``, unless given: a step's gradients cut into about
-#: OVERLAP_CHUNKS_PER_STEP chunks (clamped to [OVERLAP_MIN_PARTITION_BYTES,
-#: OVERLAP_MAX_PARTITION_BYTES]) and a credit of one chunk, so that the
-#: input-side chunks the next forward needs first can overtake the
-#: output-side ones still queued, at a bounded number of allreduces per step
-#: (docs/overlap.md, "Chunk size and credit under overlap"). Without a credit
-#: every chunk goes to Horovod as soon as it is ready and the priority order
-#: never acts.
-OVERLAP_CHUNKS_PER_STEP = 8
-OVERLAP_MIN_PARTITION_BYTES = 1024 * 1024
-OVERLAP_MAX_PARTITION_BYTES = 4 * 1024 * 1024
+#: Unless given: a step's gradients cut into about CHUNKS_PER_STEP chunks
+#: (clamped to [MIN_PARTITION_BYTES, MAX_PARTITION_BYTES]), so that the first
+#: chunks leave early in backprop and input-side chunks can overtake
+#: output-side ones, at a bounded number of allreduces per step
+#: (docs/overlap.md, "Chunk size and credit under overlap"; docs/bench.md).
+#: Under ``hvd.overlap`` also a credit of one chunk: without a credit every
+#: chunk goes to Horovod as soon as it is ready and the priority order never acts.
+CHUNKS_PER_STEP = 8
+MIN_PARTITION_BYTES = 1024 * 1024
+MAX_PARTITION_BYTES = 4 * 1024 * 1024
 _ENV_OVERRIDES = {"trace_path": "HOROVOD_PRIO_TRACE"}
 # HOROVOD_PRIO_* variables read elsewhere (not config knobs): never "unknown".
 # tools/install.sh wheel cache; the test suite's "a missing stack fails" switch
@@ -206,7 +212,7 @@ _PARSERS: Dict[str, Callable[[Any], Any]] = {
     "max_boost": _unit(units.parse_int, 0),
     "warmup_batches": _unit(units.parse_int, 0),
     "calibration_batches": _unit(units.parse_int, 1),
-    "partition_bytes": _unit(units.parse_bytes, 1024),
+    "partition_bytes": _p_auto_bytes,
     "credit_bytes": _p_auto_bytes,
     "autotune": _unit(units.parse_bool),
     "monitor": _unit(units.parse_bool),
@@ -221,8 +227,8 @@ _PARSERS: Dict[str, Callable[[Any], Any]] = {
     "overlap": _unit(units.parse_bool),
 }
 # fields whose value may be None
-_OPTIONAL = {"credit_bytes", "coefficient", "relative_coefficient", "trace_path", "arbiter", "link",
-             "job_id",
+_OPTIONAL = {"partition_bytes", "credit_bytes", "coefficient", "relative_coefficient",
+             "trace_path", "arbiter", "link", "job_id",
              "arbiter_secret", "arbiter_secret_file", "overlap"}
 
 
@@ -247,7 +253,7 @@ class PriorityConfig:
     max_boost: int = 4
     warmup_batches: int = 2
     calibration_batches: int = 20
-    partition_bytes: int = 4 * 1024 * 1024
+    partition_bytes: Optional[int] = None
     credit_bytes: Optional[int] = None
     autotune: bool = False
     monitor: bool = True
@@ -426,20 +432,20 @@ class PriorityConfig:
             raise ValueError(f"PriorityConfig has no field {field_name!r}")
         return field_name in self._explicit
 
-    # ------------------------------------------------------- barrier crossing
-    def overlap_partition_bytes(self, step_bytes: int) -> int:
-        """``partition_bytes`` for an overlapped (``hvd.overlap``) optimizer
-        whose step sends ``step_bytes`` of gradients: the value given, else
-        ``step_bytes / OVERLAP_CHUNKS_PER_STEP`` clamped to
-        [``OVERLAP_MIN_PARTITION_BYTES``, ``OVERLAP_MAX_PARTITION_BYTES``]."""
-        if self.is_set("partition_bytes"):
-            return self.partition_bytes
+    # ------------------------------------------------------- chunk size
+    def partition_bytes_for(self, step_bytes: int) -> int:
+        """The chunk size of an optimizer whose step reduces ``step_bytes`` of
+        gradients: ``partition_bytes`` if given, else ``step_bytes /
+        CHUNKS_PER_STEP`` clamped to [``MIN_PARTITION_BYTES``,
+        ``MAX_PARTITION_BYTES``]."""
         if isinstance(step_bytes, bool) or not isinstance(step_bytes, numbers.Integral) \
                 or step_bytes < 0:
             raise ValueError(f"step_bytes must be an integer >= 0, got {step_bytes!r}")
-        return max(OVERLAP_MIN_PARTITION_BYTES,
-                   min(OVERLAP_MAX_PARTITION_BYTES, int(step_bytes) // OVERLAP_CHUNKS_PER_STEP))
+        if self.partition_bytes is not None:
+            return self.partition_bytes
+        return max(MIN_PARTITION_BYTES, min(MAX_PARTITION_BYTES, int(step_bytes) // CHUNKS_PER_STEP))
 
+    # ------------------------------------------------------- barrier crossing
     def overlap_credit_bytes(self, partition_bytes: int) -> Optional[int]:
         """``credit_bytes`` for a process that overlaps with chunks of
         ``partition_bytes``: the value given, else ``None`` under ``autotune``

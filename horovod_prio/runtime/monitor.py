@@ -37,7 +37,7 @@ log = logging.getLogger("horovod_prio")
 class Monitor:
     """One per optimizer/tape identity: policy on rank 0, step spans in the trace."""
 
-    def __init__(self, name, config, num_groups, rank, clock, writer=None, partition_bytes=None):
+    def __init__(self, name, config, num_groups, rank, clock, partition_bytes, writer=None):
         self.name = name
         self.config = config
         self.num_groups = num_groups
@@ -53,8 +53,7 @@ class Monitor:
             self.policy.add_listener(self._on_event)
             self.policy.before_batch()  # the patent's check before the first batch
         log.info("horovod_prio: %s: %d groups, base priorities %s, partition %d B",
-                 name, num_groups, list(self.base),
-                 config.partition_bytes if partition_bytes is None else partition_bytes)
+                 name, num_groups, list(self.base), partition_bytes)
 
     @property
     def priorities(self):

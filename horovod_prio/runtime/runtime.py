@@ -141,8 +141,8 @@ class Runtime:
         is None when ``config.monitor`` is off (fixed priorities, no step
         timing). ``step_bytes``: the gradient bytes one step sends (the
         tuner's candidates are fractions of it). ``partition_bytes``: the
-        chunk size this identity uses, when not ``config.partition_bytes``
-        (hvd.overlap's default); logged."""
+        chunk size this identity uses (logged; default
+        ``config.partition_bytes_for(step_bytes)``)."""
         with self._lock:
             ident = self._identities.get((base_name, key))
             if ident is not None:
@@ -159,8 +159,10 @@ class Runtime:
                     self.arbiter.steps = getattr(clock, "steps_begun", None)
             elif clock is not self.clock:
                 raise RuntimeError("horovod_prio: one step clock per process")
-            monitor = Monitor(name, config, num_groups, self.rank, clock, self.writer,
-                              partition_bytes)
+            if partition_bytes is None:
+                partition_bytes = config.partition_bytes_for(step_bytes)
+            monitor = Monitor(name, config, num_groups, self.rank, clock, partition_bytes,
+                              self.writer)
             self.monitors.append(monitor)
             ident = self._identities[(base_name, key)] = (name, monitor)
             if self.tuner is None and self.hold and self.settings.autotune \

@@ -52,9 +52,10 @@ Model (see docs/sim.md for the discussion):
 * **Barrier crossing** (``JobSpec.overlap``, priority modes): as
   ``hvd.overlap`` - the next call starts when the backward pass ends and its
   forward reaches layer i only once layer i's chunks of the previous step are
-  reduced; chunk size and credit default as the product's under overlap
-  (:meth:`PriorityConfig.overlap_partition_bytes`); the last step ends at the
-  final flush.
+  reduced; the credit defaults as the product's under overlap
+  (:meth:`PriorityConfig.overlap_credit_bytes`); the last step ends at the
+  final flush. The chunk size, in every priority mode, is the product's
+  (:meth:`PriorityConfig.partition_bytes_for`).
 * **Adaptive** (``adaptive``): one :class:`~horovod_prio.method.policy.
   AdaptivePriorityPolicy` per job (built by :meth:`PriorityConfig.make_policy`
   - the product's code), ``before_batch()`` at step start, ``after_batch(t)``
@@ -336,10 +337,9 @@ class _Job:
             self.base = tuple(base_priorities(len(groups)))
             if mode == "adaptive":
                 self.policy = pcfg.make_policy(len(groups))
-            # The product's chunk plan (one tensor per layer) and release scheduler.
-            # under overlap the product's own defaults for it (PriorityConfig)
-            partition = (pcfg.overlap_partition_bytes(sum(sizes)) if spec.overlap
-                         else pcfg.partition_bytes)
+            # The product's chunk plan (one tensor per layer), chunk size and
+            # release scheduler.
+            partition = pcfg.partition_bytes_for(sum(sizes))
             credit = pcfg.overlap_credit_bytes(partition) if spec.overlap else pcfg.credit_bytes
             plan = make_plan([TensorSpec(p // prof.dtype_bytes, "float", prof.dtype_bytes)
                               for p in sizes], [[i] for i in range(len(sizes))], groups,

@@ -6,8 +6,9 @@ callable; it builds the graph side of the chunk plan
 (:func:`horovod_prio.method.plan.make_plan`):
 
 1. variables -> tasks (one per layer, backprop order; :func:`layer_tasks`)
-   -> groups -> chunks of at most ``partition_bytes``, each made of the
-   gradient segments it covers;
+   -> groups -> chunks of at most
+   :meth:`~horovod_prio.method.config.PriorityConfig.partition_bytes_for` the
+   step's gradient bytes, each made of the gradient segments it covers;
 2. every chunk is compressed exactly as Horovod would (per tensor, before
    fusion) and goes ``HvdPrioGate -> hvd.allreduce -> HvdPrioDone``; the gate
    takes its group's priority from ``HvdPrioStepBegin`` (the vector rank 0's
@@ -196,11 +197,13 @@ class PriorityAllreduce:
         groups = self.config.make_groups(len(tasks))
         key = _identity_key(variables, grads)
         specs = [TensorSpec(int(f.shape[0]), f.dtype.name, f.dtype.size) for f in flats]
+        step_bytes = sum(t.nelems * t.itemsize for t in specs)
+        partition = self.config.partition_bytes_for(step_bytes)
         name, monitor = runtime.identity(
             self.name, key, self.config, len(groups),
             ops.StepClock.get() if self.config.monitor else None,
-            step_bytes=sum(t.nelems * t.itemsize for t in specs))
-        plan = make_plan(specs, tasks, groups, self.config.partition_bytes, prefix=name)
+            step_bytes=step_bytes, partition_bytes=partition)
+        plan = make_plan(specs, tasks, groups, partition, prefix=name)
         if monitor is not None:
             priorities = ops.step_begin(monitor.slot, len(groups))
         else:  # fixed priorities, no step timing

@@ -361,8 +361,7 @@ class _Pipeline:
         groups = base.config.make_groups(len(self.tasks))
         key = ("overlap",) + _identity_key(self.variables, grads)
         specs = [TensorSpec(int(f.shape[0]), f.dtype.name, f.dtype.size) for f in flats]
-        partition = base.config.overlap_partition_bytes(sum(t.nelems * t.itemsize
-                                                            for t in specs))
+        partition = base.config.partition_bytes_for(sum(t.nelems * t.itemsize for t in specs))
         self.name, self.monitor = runtime.identity(base.name, key, base.config, len(groups),
                                                    ops.StepClock.get(),
                                                    partition_bytes=partition)

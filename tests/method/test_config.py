@@ -12,7 +12,7 @@ from horovod_prio.method.policy import AdaptivePriorityPolicy
 DEFAULTS = dict(
     enabled=True, num_groups=4, ratio_threshold=2.0, scene="first", coefficient=None,
     relative_coefficient=None, count_threshold=20, adjust_groups=1, step=1, max_boost=4,
-    warmup_batches=2, calibration_batches=20, partition_bytes=4194304, credit_bytes=None, autotune=False, monitor=True, trace_path=None,
+    warmup_batches=2, calibration_batches=20, partition_bytes=None, credit_bytes=None, autotune=False, monitor=True, trace_path=None,
     arbiter=None, link=None, job_id=None, arbiter_secret=None, arbiter_secret_file=None,
     job_priority=0, arbiter_timeout=0.05, overlap=None,
 )
@@ -407,19 +407,21 @@ def test_is_set_tells_given_fields_from_defaults(clean_env):
     assert PriorityConfig.from_env({}, num_groups=4) == PriorityConfig.from_env({})
 
 
-def test_overlap_defaults_apply_only_to_what_was_not_given():
+def test_chunk_size_and_overlap_credit_default_only_where_not_given():
     d = PriorityConfig.from_env({})
-    assert d.partition_bytes == 4 << 20 and d.credit_bytes is None   # synchronous defaults
+    assert d.partition_bytes is None and d.credit_bytes is None      # both "auto"
     # an eighth of a step's gradient bytes, within [1 MiB, 4 MiB]
-    assert d.overlap_partition_bytes(24 << 20) == 3 << 20
-    assert d.overlap_partition_bytes(8 << 20) == 1 << 20
-    assert d.overlap_partition_bytes(1000) == 1 << 20
-    assert d.overlap_partition_bytes(100 << 20) == 4 << 20
+    assert d.partition_bytes_for(24 << 20) == 3 << 20
+    assert d.partition_bytes_for(8 << 20) == 1 << 20
+    assert d.partition_bytes_for(1000) == 1 << 20
+    assert d.partition_bytes_for(100 << 20) == 4 << 20
+    assert PriorityConfig.from_env({"HOROVOD_PRIO_PARTITION_BYTES": "auto"}) == d
     assert d.overlap_credit_bytes(3 << 20) == 3 << 20                # one chunk
     with pytest.raises(ValueError, match="step_bytes"):
-        d.overlap_partition_bytes(-1)
-    given = PriorityConfig.from_env({"HOROVOD_PRIO_PARTITION_BYTES": "4MiB"}, credit_bytes="8MiB")
-    assert given.overlap_partition_bytes(8 << 20) == 4 << 20
+        d.partition_bytes_for(-1)
+    given = PriorityConfig.from_env({"HOROVOD_PRIO_PARTITION_BYTES": "2MiB"}, credit_bytes="8MiB")
+    assert given.partition_bytes_for(8 << 20) == 2 << 20
+    assert given.partition_bytes_for(100 << 20) == 2 << 20
     assert given.overlap_credit_bytes(4 << 20) == 8 << 20
     assert PriorityConfig.from_env({}, credit_bytes="auto").overlap_credit_bytes(1 << 20) is None
     assert PriorityConfig.from_env({}, autotune=True).overlap_credit_bytes(1 << 20) is None

@@ -126,16 +126,16 @@ def test_identities_get_distinct_names_and_monitors_the_same_key_reuses():
 
 
 def test_identity_logs_the_chunk_size_it_uses(caplog):
-    """An overlapped optimizer's chunk size is not config.partition_bytes: the
-    start-up line says the one in use."""
+    """The start-up line says the chunk size in use: by default the one the
+    step's gradient bytes give (an eighth of 16 MiB), or the one passed."""
     rt = runtime()
     rt.setup(cfg(), 0, 2)
     with caplog.at_level(logging.INFO, logger="horovod_prio"):
-        rt.identity("Sync", ("a",), cfg(), 4, FakeClock())
+        rt.identity("Sync", ("a",), cfg(), 4, FakeClock(), step_bytes=16 << 20)
         clock = rt.clock
         rt.identity("Overlapped", ("b",), cfg(), 4, clock, partition_bytes=3 << 20)
     text = caplog.text
-    assert "Sync: 4 groups" in text and "partition %d B" % (4 << 20) in text
+    assert "Sync: 4 groups" in text and "partition %d B" % (2 << 20) in text
     assert "Overlapped: 4 groups" in text and "partition %d B" % (3 << 20) in text
     rt.shutdown()
 

@@ -1,6 +1,7 @@
 """The one-line swap: a Horovod TF2 Keras example script runs unchanged except
 its import, and then really schedules by priority. Also: the drop-in modules
 expose what Horovod's expose."""
+import collections
 import os
 import types
 
@@ -74,3 +75,24 @@ def test_unknown_priority_argument_is_rejected():
         hvd.DistributedOptimizer(tf.keras.optimizers.legacy.SGD(0.1), priority=3)
     with pytest.raises(TypeError):
         hvd.DistributedOptimizer(tf.keras.optimizers.legacy.SGD(0.1), not_an_arg=1)
+
+
+def test_default_chunk_size_follows_the_step_gradient_bytes(tmp_path):
+    """With the default config the chunks hold an eighth of the step's gradient
+    bytes (PriorityConfig.partition_bytes_for), not a fixed 4 MiB: a chunk is
+    ready only when its last gradient is, so big chunks start the link late."""
+    import json
+    from horovod_prio import PriorityConfig
+    trace = tmp_path / "trace.json"
+    check(horovodrun([os.path.join(HERE, "mp", "chunk_size_worker.py"), str(tmp_path)],
+                     "gloo", timeout=240, env={"HOROVOD_PRIO_TRACE": str(trace)}))
+    step_bytes = json.loads((tmp_path / "rank0.json").read_text())["step_bytes"]
+    expect = PriorityConfig.from_env({}).partition_bytes_for(step_bytes)
+    assert 1 << 20 < expect < 2 << 20, expect
+    sizes = collections.Counter(e["args"]["bytes"] for e in load_trace(trace)
+                                if e.get("cat") == "chunk" and e.get("ph") == "i"
+                                and e["args"]["kind"] == "ready")
+    assert max(sizes) == expect // 4 * 4, sizes   # whole float32 elements
+    # per step: the kernel's group cut at `expect`, every byte reduced once
+    per_step = sum(b * n for b, n in sizes.items()) / 2
+    assert per_step == step_bytes, (per_step, step_bytes, sizes)
