@@ -2,6 +2,7 @@
 its import, and then really schedules by priority. Also: the drop-in modules
 expose what Horovod's expose."""
 import collections
+import json
 import os
 import types
 
@@ -81,7 +82,6 @@ def test_default_chunk_size_follows_the_step_gradient_bytes(tmp_path):
     """With the default config the chunks hold an eighth of the step's gradient
     bytes (PriorityConfig.partition_bytes_for), not a fixed 4 MiB: a chunk is
     ready only when its last gradient is, so big chunks start the link late."""
-    import json
     from horovod_prio import PriorityConfig
     trace = tmp_path / "trace.json"
     check(horovodrun([os.path.join(HERE, "mp", "chunk_size_worker.py"), str(tmp_path)],
@@ -93,6 +93,6 @@ def test_default_chunk_size_follows_the_step_gradient_bytes(tmp_path):
                                 if e.get("cat") == "chunk" and e.get("ph") == "i"
                                 and e["args"]["kind"] == "ready")
     assert max(sizes) == expect // 4 * 4, sizes   # whole float32 elements
-    # per step: the kernel's group cut at `expect`, every byte reduced once
+    # the worker's fit runs 2 steps (8 samples, batch 4): every byte reduced once per step
     per_step = sum(b * n for b, n in sizes.items()) / 2
     assert per_step == step_bytes, (per_step, step_bytes, sizes)
