@@ -8,17 +8,32 @@ simulator times the same plan, so both send exactly the same chunks.
   task, in backprop order: task 0 is the output-side layer).
 * **Groups** partition the tasks (:func:`horovod_prio.method.sequence.partition_groups`).
 * Within a group, the tensors (task order, then variable order) are fused per
-  dtype into one virtual buffer, cut every ``partition_bytes`` into **chunks**.
-  A chunk is made of the tensor *segments* it covers, so it is ready as soon
-  as the last tensor it covers is (it does not wait for the rest of its
-  group), and the group buffer itself is never materialised.
+  dtype into one virtual buffer, cut about every ``partition_bytes`` into
+  **chunks**. A chunk is made of the tensor *segments* it covers, so it is
+  ready as soon as the last tensor it covers is (it does not wait for the rest
+  of its group), and the group buffer itself is never materialised.
+* With ``split_tensors`` (a chunk may be held back: a credit or an arbiter,
+  :meth:`~horovod_prio.method.config.PriorityConfig.splits_tensors`) a cut
+  inside a tensor is moved back to the closest :data:`ALIGN_BYTES` boundary
+  of that tensor, so the binding's slice of it is a view, not a copy.
+  Without it a tensor is never cut: chunks end at tensor boundaries, small
+  tensors are fused up to ``partition_bytes`` and a bigger one is a chunk of
+  its own. Its pieces would all be ready, and leave, at the same moment, and
+  joining the reduced pieces again costs a copy of the whole tensor
+  (docs/bench.md, "Cutting a gradient costs a copy").
 """
 from __future__ import annotations
 
+import bisect
 from dataclasses import dataclass
 from typing import Dict, List, Sequence, Tuple
 
-__all__ = ["TensorSpec", "Segment", "Chunk", "Plan", "make_plan"]
+__all__ = ["TensorSpec", "Segment", "Chunk", "Plan", "make_plan", "ALIGN_BYTES"]
+
+#: A cut inside a tensor falls on a multiple of this many bytes of the tensor:
+#: TensorFlow's strided slice of a 1-D tensor is a view (no copy) when it
+#: starts and ends on such a boundary (EIGEN_MAX_ALIGN_BYTES, at most 64).
+ALIGN_BYTES = 64
 
 
 @dataclass(frozen=True)
@@ -84,15 +99,44 @@ class Plan:
         return {t: g for g, grp in enumerate(self.groups) for task in grp for t in self.tasks[task]}
 
 
+def _cuts(sizes: List[int], per_chunk: int, itemsize: int, split: bool) -> List[int]:
+    """Chunk boundaries (element positions) in a group's virtual buffer of
+    tensors of ``sizes`` elements: ``[0, ..., total]``."""
+    total = sum(sizes)
+    starts = [0]
+    for n in sizes:
+        starts.append(starts[-1] + n)
+    if not split:
+        cuts, size = [0], 0
+        for n in sizes:
+            if size and size + n > per_chunk:
+                cuts.append(cuts[-1] + size)
+                size = 0
+            size += n
+        return cuts + [total] if size else cuts
+    align = ALIGN_BYTES // itemsize if ALIGN_BYTES % itemsize == 0 else 1
+    cuts = [0]
+    while cuts[-1] < total:
+        target = cuts[-1] + per_chunk
+        if target >= total:
+            cuts.append(total)
+            break
+        t = bisect.bisect_right(starts, target) - 1       # the tensor the cut falls in
+        snapped = starts[t] + (target - starts[t]) // align * align
+        cuts.append(snapped if snapped > cuts[-1] else target)
+    return cuts
+
+
 def make_plan(tensors: Sequence[TensorSpec], tasks: Sequence[Sequence[int]],
               groups: Sequence[Sequence[int]], partition_bytes: int,
-              prefix: str = "chunk") -> Plan:
+              prefix: str = "chunk", split_tensors: bool = True) -> Plan:
     """Cut the gradients into chunks (see the module docstring).
 
     ``tensors``: one :class:`TensorSpec` per gradient; ``tasks``: tensor
     indices per task, backprop order; ``groups``: task indices per group, in
     sequence order (``partition_groups``); ``partition_bytes``: the most bytes
-    per chunk (at least one element). Chunk names are
+    per chunk (at least one element), except that without ``split_tensors``
+    a tensor bigger than that is one chunk. Chunk names are
     ``<prefix>_g<group>_<dtype>_c<n>`` (the Horovod tensor names: identical on
     every rank). Raises ``ValueError`` naming the argument on bad input.
     """
@@ -119,10 +163,9 @@ def make_plan(tensors: Sequence[TensorSpec], tasks: Sequence[Sequence[int]],
             itemsize = tensors[ts[0]].itemsize
             per_chunk = max(1, partition_bytes // itemsize)
             sizes = [tensors[t].nelems for t in ts]
-            total = sum(sizes)
             offsets = [sum(sizes[:i]) for i in range(len(sizes))]
-            for c, lo in enumerate(range(0, total, per_chunk)):
-                hi = min(total, lo + per_chunk)
+            cuts = _cuts(sizes, per_chunk, itemsize, split_tensors)
+            for c, (lo, hi) in enumerate(zip(cuts, cuts[1:])):
                 segs, pos = [], 0
                 for t, off, n in zip(ts, offsets, sizes):
                     a, b = max(lo, off), min(hi, off + n)

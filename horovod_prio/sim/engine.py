@@ -343,7 +343,8 @@ class _Job:
             credit = pcfg.overlap_credit_bytes(partition) if spec.overlap else pcfg.credit_bytes
             plan = make_plan([TensorSpec(p // prof.dtype_bytes, "float", prof.dtype_bytes)
                               for p in sizes], [[i] for i in range(len(sizes))], groups,
-                             partition, prefix="job%d" % idx)
+                             partition, prefix="job%d" % idx,
+                             split_tensors=pcfg.splits_tensors(credit, arbiter is not None))
             self.chunks = [(ready[c.last_tensor], c.group, c.name, c.nbytes) for c in plan.chunks]
             self.plan = plan
             self.sched = Scheduler()

@@ -8,7 +8,9 @@ callable; it builds the graph side of the chunk plan
 1. variables -> tasks (one per layer, backprop order; :func:`layer_tasks`)
    -> groups -> chunks of at most
    :meth:`~horovod_prio.method.config.PriorityConfig.partition_bytes_for` the
-   step's gradient bytes, each made of the gradient segments it covers;
+   step's gradient bytes, each made of the gradient segments it covers (a
+   bigger gradient is cut only where a chunk can be held back:
+   :meth:`~horovod_prio.method.config.PriorityConfig.splits_tensors`);
 2. every chunk is compressed exactly as Horovod would (per tensor, before
    fusion) and goes ``HvdPrioGate -> hvd.allreduce -> HvdPrioDone``; the gate
    takes its group's priority from ``HvdPrioStepBegin`` (the vector rank 0's
@@ -203,7 +205,9 @@ class PriorityAllreduce:
             self.name, key, self.config, len(groups),
             ops.StepClock.get() if self.config.monitor else None,
             step_bytes=step_bytes, partition_bytes=partition)
-        plan = make_plan(specs, tasks, groups, partition, prefix=name)
+        split = self.config.splits_tensors(self.config.credit_bytes,
+                                           self.config.arbiter is not None)
+        plan = make_plan(specs, tasks, groups, partition, prefix=name, split_tensors=split)
         if monitor is not None:
             priorities = ops.step_begin(monitor.slot, len(groups))
         else:  # fixed priorities, no step timing

@@ -366,7 +366,10 @@ class _Pipeline:
                                                    ops.StepClock.get(),
                                                    partition_bytes=partition)
         self.num_groups = len(groups)
-        self.plan = make_plan(specs, self.tasks, groups, partition, prefix=self.name)
+        cfg = base.config
+        split = cfg.splits_tensors(cfg.overlap_credit_bytes(partition), cfg.arbiter is not None)
+        self.plan = make_plan(specs, self.tasks, groups, partition, prefix=self.name,
+                              split_tensors=split)
         runtime.use_overlap_credit(base.config, partition)
         self.hypers = _hyper_variables(opt, state.legacy)
         # slots: iterations, priorities, hyperparameters, then the chunks

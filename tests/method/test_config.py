@@ -425,3 +425,11 @@ def test_chunk_size_and_overlap_credit_default_only_where_not_given():
     assert given.overlap_credit_bytes(4 << 20) == 8 << 20
     assert PriorityConfig.from_env({}, credit_bytes="auto").overlap_credit_bytes(1 << 20) is None
     assert PriorityConfig.from_env({}, autotune=True).overlap_credit_bytes(1 << 20) is None
+
+
+def test_gradients_are_cut_only_where_a_chunk_can_be_held_back():
+    d = PriorityConfig.from_env({})
+    assert not d.splits_tensors(None, False)          # default: chunks leave when ready
+    assert d.splits_tensors(8 << 20, False)           # a credit holds chunks back
+    assert d.splits_tensors(None, True)               # so does an arbiter's grant
+    assert PriorityConfig.from_env({}, autotune=True).splits_tensors(None, False)  # tuned credit

@@ -2,7 +2,7 @@
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from horovod_prio.method.plan import TensorSpec, make_plan
+from horovod_prio.method.plan import ALIGN_BYTES, TensorSpec, make_plan
 from horovod_prio.method.sequence import partition_groups
 
 
@@ -14,14 +14,30 @@ def test_chunks_cover_their_group_in_backprop_order_and_cut_every_partition():
     assert names == ["opt_g0_float32_c0", "opt_g0_float32_c1", "opt_g0_float32_c2",
                      "opt_g1_float32_c0"]
     c0 = plan.chunks[0]
+    # the cut at element 128 falls 108 elements into tensor 2: it moves back to
+    # element 96 of it, a 64-byte boundary (ALIGN_BYTES), so slicing it is a view
     assert [(s.tensor, s.offset, s.length, s.chunk_offset) for s in c0.segments] == \
-        [(3, 0, 20, 0), (2, 0, 108, 20)]
-    assert c0.nbytes == 512 and c0.last_tensor == 2
+        [(3, 0, 20, 0), (2, 0, 96, 20)]
+    assert c0.nbytes == 4 * 116 and c0.last_tensor == 2
     # the second group's chunk is made of its two tensors, backprop order
     assert [(s.tensor, s.length) for s in plan.chunks[3].segments] == [(1, 10), (0, 100)]
     pieces = plan.pieces()
-    assert [(c, s.offset, s.length) for c, s in pieces[2]] == [(0, 0, 108), (1, 108, 128),
-                                                              (2, 236, 64)]
+    assert [(c, s.offset, s.length) for c, s in pieces[2]] == [(0, 0, 96), (1, 96, 128),
+                                                              (2, 224, 76)]
+
+
+def test_without_split_tensors_a_gradient_is_never_cut():
+    """Where no chunk can be held back (PriorityConfig.splits_tensors), chunks
+    end at tensor boundaries: small tensors are fused up to the partition, a
+    bigger one is a chunk of its own (its pieces would leave together)."""
+    specs = [TensorSpec(100), TensorSpec(10), TensorSpec(300), TensorSpec(20), TensorSpec(30)]
+    tasks = [[4, 3, 2], [1, 0]]
+    plan = make_plan(specs, tasks, [[0], [1]], partition_bytes=4 * 128, prefix="opt",
+                     split_tensors=False)
+    assert [[(s.tensor, s.offset, s.length) for s in c.segments] for c in plan.chunks] == [
+        [(4, 0, 30), (3, 0, 20)], [(2, 0, 300)], [(1, 0, 10), (0, 0, 100)]]
+    assert [c.name for c in plan.chunks] == ["opt_g0_float32_c0", "opt_g0_float32_c1",
+                                             "opt_g1_float32_c0"]
 
 
 def test_dtypes_are_fused_separately():
@@ -48,20 +64,27 @@ def test_bad_plans_name_the_argument(kwargs, match):
 
 @settings(max_examples=200, deadline=None)
 @given(sizes=st.lists(st.integers(0, 500), min_size=1, max_size=12),
-       n_groups=st.integers(1, 5), part=st.integers(1, 700))
-def test_every_element_is_sent_exactly_once_within_the_partition_size(sizes, n_groups, part):
+       n_groups=st.integers(1, 5), part=st.integers(1, 700), split=st.booleans())
+def test_every_element_is_sent_exactly_once_within_the_partition_size(sizes, n_groups, part,
+                                                                     split):
     specs = [TensorSpec(n) for n in sizes]
     tasks = [[i] for i in reversed(range(len(sizes)))]
     groups = partition_groups(len(tasks), min(n_groups, len(tasks)))
-    plan = make_plan(specs, tasks, groups, part)
+    plan = make_plan(specs, tasks, groups, part, split_tensors=split)
     covered = {i: [] for i in range(len(sizes))}
     for c in plan.chunks:
-        assert c.nbytes <= max(part, 4) and c.nelems > 0
+        whole_one = len(c.segments) == 1 and c.segments[0].length == sizes[c.segments[0].tensor]
+        assert c.nbytes <= max(part, 4) or (not split and whole_one), c
+        assert c.nelems > 0
         pos = 0
         for s in c.segments:
             assert s.chunk_offset == pos and s.length > 0
             pos += s.length
             covered[s.tensor].append((s.offset, s.length))
+            if not split:
+                assert (s.offset, s.length) == (0, sizes[s.tensor])      # never cut
+            elif s.offset and part >= 4 * 16:
+                assert (s.offset * 4) % ALIGN_BYTES == 0, s      # a cut inside: a view
     for t, n in enumerate(sizes):
         spans = sorted(covered[t])
         assert sum(length for _, length in spans) == n

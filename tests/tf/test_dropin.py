@@ -78,21 +78,36 @@ def test_unknown_priority_argument_is_rejected():
         hvd.DistributedOptimizer(tf.keras.optimizers.legacy.SGD(0.1), not_an_arg=1)
 
 
-def test_default_chunk_size_follows_the_step_gradient_bytes(tmp_path):
-    """With the default config the chunks hold an eighth of the step's gradient
-    bytes (PriorityConfig.partition_bytes_for), not a fixed 4 MiB: a chunk is
-    ready only when its last gradient is, so big chunks start the link late."""
+@pytest.mark.parametrize("credit", [None, "64MiB"], ids=["default", "credit"])
+def test_default_chunk_size_follows_the_step_gradient_bytes(tmp_path, credit):
+    """With the default partition the chunks hold an eighth of the step's
+    gradient bytes (PriorityConfig.partition_bytes_for), not a fixed 4 MiB: a
+    chunk is ready only when its last gradient is, so big chunks start the
+    link late. The worker's 1100x2048 kernel (9 MB) is bigger than that: with
+    a credit it is cut into chunks of that size, each cut on a 64-byte boundary
+    (plan.ALIGN_BYTES); without one (the default: chunks leave as soon as they
+    are ready) it is one chunk of its own (PriorityConfig.splits_tensors)."""
     from horovod_prio import PriorityConfig
+    from horovod_prio.method.plan import ALIGN_BYTES
     trace = tmp_path / "trace.json"
+    env = {"HOROVOD_PRIO_TRACE": str(trace)}
+    if credit:
+        env["HOROVOD_PRIO_CREDIT_BYTES"] = credit
     check(horovodrun([os.path.join(HERE, "mp", "chunk_size_worker.py"), str(tmp_path)],
-                     "gloo", timeout=240, env={"HOROVOD_PRIO_TRACE": str(trace)}))
+                     "gloo", timeout=240, env=env))
     step_bytes = json.loads((tmp_path / "rank0.json").read_text())["step_bytes"]
     expect = PriorityConfig.from_env({}).partition_bytes_for(step_bytes)
     assert 1 << 20 < expect < 2 << 20, expect
     sizes = collections.Counter(e["args"]["bytes"] for e in load_trace(trace)
                                 if e.get("cat") == "chunk" and e.get("ph") == "i"
                                 and e["args"]["kind"] == "ready")
-    assert max(sizes) == expect // 4 * 4, sizes   # whole float32 elements
+    kernel = 1100 * 2048 * 4
+    if credit:
+        assert kernel not in sizes, sizes
+        assert expect - ALIGN_BYTES < max(sizes) <= expect, sizes
+    else:
+        assert sizes[kernel] == 2, sizes       # one whole chunk per step
+        assert sorted(sizes)[-2] <= expect, sizes
     # the worker's fit runs 2 steps (8 samples, batch 4): every byte reduced once per step
     per_step = sum(b * n for b, n in sizes.items()) / 2
     assert per_step == step_bytes, (per_step, step_bytes, sizes)
