@@ -83,13 +83,13 @@ Notes:
   goes out, alone, when nothing else is in flight.
 * ``partition_bytes`` ``None`` / ``"auto"`` (the default): each optimizer's
   chunks hold an eighth of the gradient bytes it reduces per step, within
-  [1 MiB, 4 MiB] (:meth:`PriorityConfig.partition_bytes_for`). Chunks are
-  cut and fused this way only where a chunk can be held back (a credit,
+  [1 MiB, 4 MiB] (:meth:`PriorityConfig.partition_bytes_for`). A gradient
+  is cut into chunks only where a chunk can be held back (a credit,
   ``autotune`` or an arbiter; :meth:`PriorityConfig.splits_tensors`);
-  otherwise every gradient is a chunk of its own: the pieces of a cut
-  gradient would leave together and joining them costs a copy, a fused
-  chunk waits for its last gradient, and Horovod fuses what reaches it in
-  the same cycle. A chunk is
+  otherwise a gradient is never cut (its pieces would leave together and
+  joining them costs a copy), one of at least half a chunk is a chunk of its
+  own (a fused chunk waits for its last gradient) and smaller ones are fused
+  up to the chunk size. A chunk is
   ready only when its last gradient is, and TensorFlow does not compute the
   gradients in layer order (with one inter-op thread the weight gradients run
   after the whole input-gradient chain, input side first): a chunk of a
@@ -452,19 +452,18 @@ class PriorityConfig:
         return max(MIN_PARTITION_BYTES, min(MAX_PARTITION_BYTES, int(step_bytes) // CHUNKS_PER_STEP))
 
     def splits_tensors(self, credit_bytes: Optional[int], arbiter: bool) -> bool:
-        """Whether the gradients are cut and fused into chunks of
-        ``partition_bytes`` (:func:`horovod_prio.method.plan.make_plan`'s
-        ``split_tensors``) or sent one chunk per gradient, for a process whose
-        scheduler credit is ``credit_bytes`` (``None``: no limit) and that asks
-        an arbiter (``arbiter``) or not.
+        """Whether chunks cut a gradient bigger than ``partition_bytes``
+        (:func:`horovod_prio.method.plan.make_plan`'s ``split_tensors``), for a
+        process whose scheduler credit is ``credit_bytes`` (``None``: no limit)
+        and that asks an arbiter (``arbiter``) or not.
 
         Only a chunk that can be held back - by a credit (given, or tuned
         online under ``autotune``) or by an arbiter's grant - lets a later,
         higher-priority chunk overtake the rest of a big gradient. Chunks that
         leave as soon as they are ready gain nothing from a cut (the pieces
-        leave together; joining them costs a copy) and lose by fusing (a fused
-        chunk waits for its last gradient); Horovod fuses what reaches it in
-        the same cycle (docs/bench.md)."""
+        leave together) and joining the pieces costs a copy; there, a
+        gradient of at least half a chunk also goes alone, since a fused
+        chunk waits for its last gradient (docs/bench.md)."""
         return credit_bytes is not None or bool(self.autotune) or bool(arbiter)
 
     # ------------------------------------------------------- barrier crossing

@@ -16,13 +16,14 @@ simulator times the same plan, so both send exactly the same chunks.
   :meth:`~horovod_prio.method.config.PriorityConfig.splits_tensors`) a cut
   inside a tensor is moved back to the closest :data:`ALIGN_BYTES` boundary
   of that tensor, so the binding's slice of it is a view, not a copy.
-  Without it every tensor is a chunk of its own, whatever its size: the
-  chunks leave as soon as they are ready, so cutting a tensor gains nothing
-  (its pieces are ready together) and joining the reduced pieces costs a copy
-  of it, and fusing tensors makes the first wait for the last (with one
-  inter-op thread TensorFlow computes the bias gradients after every weight
-  gradient); Horovod itself fuses the chunks that reach it in the same cycle
-  (docs/bench.md, "Cutting a gradient costs a copy").
+  Without it a tensor is never cut, and one of at least half of
+  ``partition_bytes`` is a chunk of its own; smaller tensors are fused up to
+  ``partition_bytes``. The chunks leave as soon as they are ready, so cutting
+  a tensor gains nothing (its pieces are ready together) while joining the
+  reduced pieces costs a copy of it; and a fused chunk waits for its last
+  tensor (with one inter-op thread TensorFlow computes the bias gradients
+  after every weight gradient), which only small tensors, sharing the cost of
+  a chunk, are worth (docs/bench.md, "Cutting a gradient costs a copy").
 """
 from __future__ import annotations
 
@@ -108,8 +109,20 @@ def _cuts(sizes: List[int], per_chunk: int, itemsize: int, split: bool) -> List[
     starts = [0]
     for n in sizes:
         starts.append(starts[-1] + n)
-    if not split:        # one chunk per (non-empty) tensor
-        return [0] + [b for a, b in zip(starts, starts[1:]) if b > a]
+    if not split:
+        # Whole tensors: one of at least half a chunk alone, smaller ones fused
+        # up to a chunk (they share the per-chunk cost).
+        cuts, size = [0], 0
+        for n in sizes:
+            alone = 2 * n >= per_chunk
+            if size and (alone or size + n > per_chunk):
+                cuts.append(cuts[-1] + size)
+                size = 0
+            size += n
+            if alone and size:
+                cuts.append(cuts[-1] + size)
+                size = 0
+        return cuts + [total] if size else cuts
     align = ALIGN_BYTES // itemsize if ALIGN_BYTES % itemsize == 0 else 1
     cuts = [0]
     while cuts[-1] < total:
@@ -131,8 +144,8 @@ def make_plan(tensors: Sequence[TensorSpec], tasks: Sequence[Sequence[int]],
     ``tensors``: one :class:`TensorSpec` per gradient; ``tasks``: tensor
     indices per task, backprop order; ``groups``: task indices per group, in
     sequence order (``partition_groups``); ``partition_bytes``: the most bytes
-    per chunk (at least one element); without ``split_tensors`` every tensor
-    is one chunk and ``partition_bytes`` is not used. Chunk names are
+    per chunk (at least one element), except that without ``split_tensors``
+    a tensor bigger than that is one chunk. Chunk names are
     ``<prefix>_g<group>_<dtype>_c<n>`` (the Horovod tensor names: identical on
     every rank). Raises ``ValueError`` naming the argument on bad input.
     """

@@ -8,9 +8,10 @@ callable; it builds the graph side of the chunk plan
 1. variables -> tasks (one per layer, backprop order; :func:`layer_tasks`)
    -> groups -> chunks of at most
    :meth:`~horovod_prio.method.config.PriorityConfig.partition_bytes_for` the
-   step's gradient bytes, each made of the gradient segments it covers,
-   where a chunk can be held back (credit, arbiter); otherwise one chunk per
-   gradient (:meth:`~horovod_prio.method.config.PriorityConfig.splits_tensors`);
+   step's gradient bytes, each made of the gradient segments it covers (a
+   gradient is cut only where a chunk can be held back, and where none can
+   one of half a chunk or more goes alone:
+   :meth:`~horovod_prio.method.config.PriorityConfig.splits_tensors`);
 2. every chunk is compressed exactly as Horovod would (per tensor, before
    fusion) and goes ``HvdPrioGate -> hvd.allreduce -> HvdPrioDone``; the gate
    takes its group's priority from ``HvdPrioStepBegin`` (the vector rank 0's

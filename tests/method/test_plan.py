@@ -26,21 +26,23 @@ def test_chunks_cover_their_group_in_backprop_order_and_cut_every_partition():
                                                               (2, 224, 76)]
 
 
-def test_without_split_tensors_every_gradient_is_a_chunk_of_its_own():
-    """Where no chunk can be held back (PriorityConfig.splits_tensors), every
-    gradient is one chunk, small or big: a cut gains nothing (the pieces are
-    ready together) and a fused chunk waits for its last gradient; Horovod
-    fuses what reaches it in the same cycle."""
+def test_without_split_tensors_a_gradient_is_never_cut_and_big_ones_go_alone():
+    """Where no chunk can be held back (PriorityConfig.splits_tensors) a
+    gradient is never cut (its pieces would leave together), one of at least
+    half a chunk is a chunk of its own (a fused chunk waits for its last
+    gradient), and smaller ones are fused up to the partition (they share the
+    cost of a chunk)."""
     specs = [TensorSpec(100), TensorSpec(10), TensorSpec(300), TensorSpec(20), TensorSpec(0),
-             TensorSpec(30)]
-    tasks = [[5, 4, 3, 2], [1, 0]]
-    plan = make_plan(specs, tasks, [[0], [1]], partition_bytes=4 * 128, prefix="opt",
+             TensorSpec(30), TensorSpec(40), TensorSpec(63)]
+    tasks = [[5, 4, 3, 2], [1, 0], [6, 7]]
+    plan = make_plan(specs, tasks, [[0], [1], [2]], partition_bytes=4 * 128, prefix="opt",
                      split_tensors=False)
     assert [[(s.tensor, s.offset, s.length) for s in c.segments] for c in plan.chunks] == [
-        [(5, 0, 30)], [(3, 0, 20)], [(2, 0, 300)], [(1, 0, 10)], [(0, 0, 100)]]
+        [(5, 0, 30), (3, 0, 20)], [(2, 0, 300)], [(1, 0, 10)], [(0, 0, 100)],
+        [(6, 0, 40), (7, 0, 63)]]
     assert [c.name for c in plan.chunks] == ["opt_g0_float32_c0", "opt_g0_float32_c1",
-                                             "opt_g0_float32_c2", "opt_g1_float32_c0",
-                                             "opt_g1_float32_c1"]
+                                             "opt_g1_float32_c0", "opt_g1_float32_c1",
+                                             "opt_g2_float32_c0"]
 
 
 def test_dtypes_are_fused_separately():
@@ -77,7 +79,12 @@ def test_every_element_is_sent_exactly_once_within_the_partition_size(sizes, n_g
     covered = {i: [] for i in range(len(sizes))}
     for c in plan.chunks:
         whole_one = len(c.segments) == 1 and c.segments[0].length == sizes[c.segments[0].tensor]
-        assert whole_one if not split else c.nbytes <= max(part, 4), c
+        if not split and len(c.segments) > 1:       # fused: small tensors, within a chunk
+            assert c.nbytes <= part and all(8 * s.length < part for s in c.segments), c
+        elif not split:
+            assert whole_one, c
+        else:
+            assert c.nbytes <= max(part, 4), c
         assert c.nelems > 0
         pos = 0
         for s in c.segments:
