@@ -28,6 +28,7 @@ simulator times the same plan, so both send exactly the same chunks.
 from __future__ import annotations
 
 import bisect
+import itertools
 from dataclasses import dataclass
 from typing import Dict, List, Sequence, Tuple
 
@@ -102,13 +103,12 @@ class Plan:
         return {t: g for g, grp in enumerate(self.groups) for task in grp for t in self.tasks[task]}
 
 
-def _cuts(sizes: List[int], per_chunk: int, itemsize: int, split: bool) -> List[int]:
+def _cuts(sizes: List[int], starts: List[int], per_chunk: int, itemsize: int,
+          split: bool) -> List[int]:
     """Chunk boundaries (element positions) in a group's virtual buffer of
-    tensors of ``sizes`` elements: ``[0, ..., total]``."""
-    total = sum(sizes)
-    starts = [0]
-    for n in sizes:
-        starts.append(starts[-1] + n)
+    tensors of ``sizes`` elements starting at ``starts`` (one more entry: the
+    total): ``[0, ..., total]``."""
+    total = starts[-1]
     if not split:
         # Whole tensors: one of at least half a chunk alone, smaller ones fused
         # up to a chunk (they share the per-chunk cost).
@@ -172,11 +172,11 @@ def make_plan(tensors: Sequence[TensorSpec], tasks: Sequence[Sequence[int]],
             itemsize = tensors[ts[0]].itemsize
             per_chunk = max(1, partition_bytes // itemsize)
             sizes = [tensors[t].nelems for t in ts]
-            offsets = [sum(sizes[:i]) for i in range(len(sizes))]
-            cuts = _cuts(sizes, per_chunk, itemsize, split_tensors)
+            starts = [0, *itertools.accumulate(sizes)]
+            cuts = _cuts(sizes, starts, per_chunk, itemsize, split_tensors)
             for c, (lo, hi) in enumerate(zip(cuts, cuts[1:])):
                 segs, pos = [], 0
-                for t, off, n in zip(ts, offsets, sizes):
+                for t, off, n in zip(ts, starts, sizes):
                     a, b = max(lo, off), min(hi, off + n)
                     if a >= b:
                         continue
