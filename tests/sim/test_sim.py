@@ -362,6 +362,27 @@ def test_overlap_uses_the_products_overlap_defaults(monkeypatch):
         assert len(job.chunks) == chunks and made[-1] == credit
 
 
+def test_sim_cuts_a_gradient_exactly_where_the_binding_does():
+    """The simulated plan follows PriorityConfig.splits_tensors like the
+    binding: a 4 MiB gradient (1 MiB chunks) stays whole where no chunk can be
+    held back, and is cut where one can (a credit, hvd.overlap's one-chunk
+    credit, autotune, an arbiter)."""
+    prof = Profile("two", (Layer("big", MIB, 0.01, 0.01), Layer("small", 1000, 0.01, 0.01)))
+    link = LinkConfig(bandwidth=64 * MIB)
+
+    def chunks(mode="priority", overlap=False, arbiter=None, **given):
+        job = engine._Job(0, JobSpec(prof, 2, 1, overlap=overlap), engine._Sim(), None, link,
+                          pcfg(partition_bytes=MIB, **given), mode, [], arbiter=arbiter)
+        return sorted(c[3] for c in job.chunks)
+
+    assert chunks() == [4000, 4 * MIB]                       # whole, nothing held back
+    cut = [4000] + [MIB] * 4
+    assert chunks(credit_bytes=2 * MIB) == cut
+    assert chunks(overlap=True) == cut
+    assert chunks(autotune=True) == cut
+    assert chunks(mode="arbiter", arbiter=object()) == cut
+
+
 def test_overlap_needs_a_priority_mode():
     with pytest.raises(ValueError, match=r"jobs\[0\]\.overlap.*fifo"):
         simulate([JobSpec(overlap_toy(), 2, 3, overlap=True)], "fifo")

@@ -78,7 +78,7 @@ def test_unknown_priority_argument_is_rejected():
         hvd.DistributedOptimizer(tf.keras.optimizers.legacy.SGD(0.1), not_an_arg=1)
 
 
-@pytest.mark.parametrize("credit", [None, "64MiB"], ids=["default", "credit"])
+@pytest.mark.parametrize("credit", [None, "64MiB", "overlap"], ids=["default", "credit", "overlap"])
 def test_default_chunk_size_follows_the_step_gradient_bytes(tmp_path, credit):
     """With the default partition the chunks hold an eighth of the step's
     gradient bytes (PriorityConfig.partition_bytes_for), not a fixed 4 MiB: a
@@ -86,14 +86,16 @@ def test_default_chunk_size_follows_the_step_gradient_bytes(tmp_path, credit):
     link late. The worker's 1100x2048 kernel (9 MB) is bigger than that: with
     a credit it is cut into chunks of that size, each cut on a 64-byte boundary
     (plan.ALIGN_BYTES); without one (the default: chunks leave as soon as they
-    are ready) it is one chunk of its own (PriorityConfig.splits_tensors)."""
+    are ready) it is one chunk of its own (PriorityConfig.splits_tensors).
+    hvd.overlap's credit of one chunk holds chunks back, so there it is cut."""
     from horovod_prio import PriorityConfig
     from horovod_prio.method.plan import ALIGN_BYTES
     trace = tmp_path / "trace.json"
     env = {"HOROVOD_PRIO_TRACE": str(trace)}
-    if credit:
+    if credit and credit != "overlap":
         env["HOROVOD_PRIO_CREDIT_BYTES"] = credit
-    check(horovodrun([os.path.join(HERE, "mp", "chunk_size_worker.py"), str(tmp_path)],
+    check(horovodrun([os.path.join(HERE, "mp", "chunk_size_worker.py"), str(tmp_path)]
+                     + (["overlap"] if credit == "overlap" else []),
                      "gloo", timeout=240, env=env))
     step_bytes = json.loads((tmp_path / "rank0.json").read_text())["step_bytes"]
     expect = PriorityConfig.from_env({}).partition_bytes_for(step_bytes)

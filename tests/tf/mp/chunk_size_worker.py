@@ -3,6 +3,8 @@ model whose step reduces ~9 MB of gradients (one 1100x2048 kernel), so the
 default chunk size (an eighth of that) differs from the largest allowed
 (4 MiB). With HOROVOD_PRIO_TRACE set, rank 0's chunk events show the chunks
 it really cut. Writes OUT_DIR/rank<r>.json with the gradient bytes per step.
+Usage: chunk_size_worker.py OUT_DIR [overlap]  (overlap: the model goes
+through hvd.overlap).
 """
 import json
 import os
@@ -18,6 +20,8 @@ hvd.init()
 rank = hvd.rank()
 model = tf.keras.Sequential([tf.keras.Input(shape=(1100,)), tf.keras.layers.Dense(2048),
                              tf.keras.layers.Dense(2)])
+if sys.argv[2:] == ["overlap"]:
+    model = hvd.overlap(model)
 model.compile(optimizer=hvd.DistributedOptimizer(tf.keras.optimizers.legacy.SGD(0.01)),
               loss=tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True))
 x = np.random.RandomState(rank).randn(8, 1100).astype("float32")
