@@ -78,7 +78,8 @@ def test_unknown_priority_argument_is_rejected():
         hvd.DistributedOptimizer(tf.keras.optimizers.legacy.SGD(0.1), not_an_arg=1)
 
 
-@pytest.mark.parametrize("credit", [None, "64MiB", "overlap"], ids=["default", "credit", "overlap"])
+@pytest.mark.parametrize("credit", [None, "64MiB", "overlap"],
+                         ids=["default", "credit", "overlap"])
 def test_default_chunk_size_follows_the_step_gradient_bytes(tmp_path, credit):
     """With the default partition the chunks hold an eighth of the step's
     gradient bytes (PriorityConfig.partition_bytes_for), not a fixed 4 MiB: a
