@@ -406,10 +406,11 @@ def preflight(tag) -> bool:
 
 
 def run_all(runs, results, out: Path, workroot: Path, progress, *, keep_raw: bool, tag: str,
-            write, describe, execute, raw_ignore=None):
+            write, describe, execute, raw_ignore=None, reuse=None):
     """Execute planned runs in order (``execute(r)`` -> record; a run with a
-    ``skip`` reason is recorded as skipped), rewriting the report after each so
-    partial results survive an interrupt. On Ctrl-C / SystemExit the partial
+    ``skip`` reason is recorded as skipped; ``reuse(r)`` -> a record from an
+    earlier, interrupted invocation is kept instead of running ``r`` again),
+    rewriting the report after each so partial results survive an interrupt. On Ctrl-C / SystemExit the partial
     results are kept and marked. The work directory is copied to ``out/raw``
     with ``keep_raw`` (``raw_ignore``: a ``shutil.ignore_patterns``), then
     removed. Returns ``(exit code if interrupted else None, failed runs)``."""
@@ -418,6 +419,10 @@ def run_all(runs, results, out: Path, workroot: Path, progress, *, keep_raw: boo
         for r in runs:
             if r.get("skip"):
                 results["runs"].append(dict(r, label=None, status="skipped", error=r["skip"]))
+                continue
+            old = reuse(r) if reuse is not None else None
+            if old is not None:
+                results["runs"].append(old)
                 continue
             progress.start(describe(r))
             rec = execute(r)

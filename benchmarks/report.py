@@ -187,7 +187,9 @@ def markdown(results: dict) -> str:
         f"{meta.get('ncpu')} cores, pin={meta.get('pin')}, TF threads={meta.get('threads')}"
         f"{'' if not meta.get('inter_threads') else ' (inter-op ' + str(meta.get('inter_threads')) + ')'}, "
         f"{meta.get('steps')} measured steps/job after {meta.get('warmup')} warmup, "
-        f"repeats={meta.get('repeats')}" + (f", delay={meta['delay']}" if meta.get("delay") else ""),
+        f"repeats={meta.get('repeats')}" + (f", delay={meta['delay']}" if meta.get("delay") else "")
+        + "".join(f"; resumed with --resume {x.get('date')} at git {x.get('git')} "
+                  f"({x.get('runs_kept')} runs kept)" for x in meta.get("resumed", [])),
         "",
         "| scen | link | model, batch/rank | jobs | job0 s/step | job1 s/step | mean s/step "
         "| comm floor s/step | speedup vs hvd | worst job vs hvd | link busy | runs ok |",

@@ -132,6 +132,9 @@ def build_parser():
     p.add_argument("--stall-timeout", type=positive_int, default=30,
                    help="fail a run when no step finishes for this many seconds")
     p.add_argument("--out", default=None, help="results dir (default results/bench/<quick|full>)")
+    p.add_argument("--resume", action="store_true",
+                   help="finish an interrupted sweep: keep the ok runs of OUT/results.json (made by "
+                        "the same command) and run only the rest")
     p.add_argument("--keep-raw", action="store_true", help="keep raw per-job logs under OUT/raw")
     return p
 
@@ -245,14 +248,23 @@ def main(argv=None) -> int:
         sys.stderr.write(f"[bench] horovod_prio binding unavailable ({why}); prio configs skipped\n")
 
     runs = plan(args, prio_ok)
-    todo = [r for r in runs if not r["skip"]]
     out = Path(args.out)
+    argv_now = list(sys.argv[1:] if argv is None else argv)
+    command = "python -m benchmarks.run " + " ".join(a for a in argv_now if a != "--resume")
+    earlier, previous = {}, None
+    if args.resume:
+        try:
+            previous, earlier = resumable(out, command)
+        except ValueError as e:
+            sys.stderr.write(f"[bench] --resume: {e}\n")
+            return 2
+    todo = [r for r in runs if not r["skip"] and run_key(r) not in earlier]
     out.mkdir(parents=True, exist_ok=True)
     workroot = Path(tempfile.mkdtemp(prefix="hprio-bench-"))
     progress = Progress(len(todo))
     results = {
         "meta": {
-            "command": "python -m benchmarks.run " + " ".join(sys.argv[1:] if argv is None else argv),
+            "command": command,
             "date": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
             "ncpu": os.cpu_count(), "pin": args.pin, "threads": args.threads,
             "inter_threads": args.inter_threads,
@@ -265,17 +277,44 @@ def main(argv=None) -> int:
         },
         "runs": [],
     }
+    if previous is not None:   # the sweep started earlier: its date and commit, then each resume
+        meta = results["meta"]
+        meta["resumed"] = list(previous.get("resumed", [])) + [
+            {"date": meta["date"], "git": meta["git"], "runs_kept": len(earlier)}]
+        meta["date"], meta["git"] = previous.get("date"), previous.get("git")
     stopped, failed = run_all(
         runs, results, out, workroot, progress, keep_raw=args.keep_raw, tag="bench", write=_write,
         describe=lambda r: (f"{r['scenario']}: {' + '.join(r['config'])} @ {r['rate']} "
                             f"batch {r['batch']} (repeat {r['repeat'] + 1}/{args.repeats})"),
-        execute=lambda r: execute_run(r, args, workroot, progress))
+        execute=lambda r: execute_run(r, args, workroot, progress),
+        reuse=lambda r: earlier.get(run_key(r)))
     if stopped is not None:
         return stopped
     from . import report
     sys.stdout.write(report.markdown(results) + "\n")
     sys.stderr.write(f"[bench] wrote {out}/results.json, results.md, steps.png\n")
     return 1 if failed else 0
+
+
+def run_key(r: dict) -> tuple:
+    return (r["scenario"], tuple(r["config"]), r["rate"], r["batch"], r["repeat"])
+
+
+def resumable(out: Path, command: str) -> tuple[dict, dict]:
+    """The meta and the ok runs (by ``run_key``) of an earlier invocation of
+    ``command`` whose results are in ``out``; ValueError naming what does not fit."""
+    path = out / "results.json"
+    try:
+        old = json.loads(path.read_text())
+        meta, old_runs = old["meta"], old["runs"]
+    except FileNotFoundError:
+        raise ValueError(f"nothing to resume: {path} does not exist") from None
+    except (ValueError, KeyError, TypeError) as e:
+        raise ValueError(f"{path} is not a benchmarks.run results file ({e})") from None
+    if meta.get("command") != command:
+        raise ValueError(f"{path} was made by a different command:\n  {meta.get('command')}\n"
+                         f"this one is:\n  {command}")
+    return meta, {run_key(r): r for r in old_runs if r.get("status") == "ok"}
 
 
 def _write(results: dict, out: Path) -> None:

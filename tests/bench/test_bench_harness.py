@@ -111,6 +111,67 @@ def test_defaults_and_plan_interleave():
     assert skipped and all("prio" in r["config"] for r in skipped)
 
 
+def _fake_sweep(monkeypatch, executed):
+    """run.main with the machine parts replaced: every run 'executes' instantly."""
+    monkeypatch.setattr(run, "preflight", lambda tag: True)
+    monkeypatch.setattr(run, "check_prio_available", lambda: (True, None))
+    monkeypatch.setattr(netns, "cleanup_stale", lambda: [])
+
+    template = _fixture_results()["runs"][0]              # one job, ok, with steps
+
+    def execute(r, args, workroot, progress):
+        executed.append(run.run_key(r))
+        rec = {k: v for k, v in template.items() if k != "_stats"}
+        return dict(rec, **r, label=str(run.run_key(r)), status="ok", error=None)
+    monkeypatch.setattr(run, "execute_run", execute)
+
+
+def test_resume_runs_only_what_an_interrupted_sweep_left(tmp_path, monkeypatch, capsys):
+    argv = ["--scenario", "s", "--batches", "32,64", "--rates", "1gbit", "--repeats", "2",
+            "--steps", "3", "--out", str(tmp_path)]
+    executed = []
+    _fake_sweep(monkeypatch, executed)
+    assert run.main(argv) == 0
+    first = json.loads((tmp_path / "results.json").read_text())
+    assert len(executed) == 8
+    # interrupted after 5 runs, the last of them failed
+    first["runs"] = first["runs"][:5]
+    first["runs"][4]["status"] = "failed"
+    (tmp_path / "results.json").write_text(json.dumps(first))
+    executed.clear()
+    assert run.main(argv + ["--resume"]) == 0
+    keys = [run.run_key(r) for r in run.plan(run.parse_args(argv), prio_ok=True)]
+    assert executed == keys[4:]                  # the failed run and the three never run
+    done = json.loads((tmp_path / "results.json").read_text())
+    assert [run.run_key(r) for r in done["runs"]] == keys
+    assert all(r["status"] == "ok" for r in done["runs"])
+    meta = done["meta"]
+    assert (meta["date"], meta["git"], meta["command"]) == (
+        first["meta"]["date"], first["meta"]["git"], first["meta"]["command"])
+    assert [x["runs_kept"] for x in meta["resumed"]] == [4]
+    assert "resumed with --resume" in report.markdown(done)
+
+
+@pytest.mark.parametrize("change, why", [
+    (None, "does not exist"),
+    (["--repeats", "3"], "different command"),
+    ("garbage", "not a benchmarks.run results file"),
+])
+def test_resume_refuses_what_it_cannot_finish(tmp_path, monkeypatch, capsys, change, why):
+    argv = ["--scenario", "s", "--batches", "32", "--rates", "1gbit", "--repeats", "2",
+            "--steps", "3", "--out", str(tmp_path)]
+    executed = []
+    _fake_sweep(monkeypatch, executed)
+    if change == "garbage":
+        (tmp_path / "results.json").write_text("{")
+    elif change is not None:
+        assert run.main(argv) == 0
+        argv = argv[:-2] + change + argv[-2:]
+    executed.clear()
+    assert run.main(argv + ["--resume"]) == 2
+    assert why in capsys.readouterr().err and executed == []
+
+
 def test_job_command_uses_gloo_on_lo(tmp_path):
     if shutil.which("horovodrun") is None and not (Path(sys.executable).parent / "horovodrun").exists():
         pytest.skip("horovodrun not installed")
