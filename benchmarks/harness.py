@@ -410,8 +410,8 @@ def run_all(runs, results, out: Path, workroot: Path, progress, *, keep_raw: boo
     """Execute planned runs in order (``execute(r)`` -> record; a run with a
     ``skip`` reason is recorded as skipped; ``reuse(r)`` -> a record from an
     earlier, interrupted invocation is kept instead of running ``r`` again),
-    rewriting the report after each so partial results survive an interrupt. On Ctrl-C / SystemExit the partial
-    results are kept and marked. The work directory is copied to ``out/raw``
+    rewriting the report after each so partial results survive an interrupt. On
+    Ctrl-C / SystemExit the partial results are kept and marked. The work directory is copied to ``out/raw``
     with ``keep_raw`` (``raw_ignore``: a ``shutil.ignore_patterns``), then
     removed. Returns ``(exit code if interrupted else None, failed runs)``."""
     failed = 0
