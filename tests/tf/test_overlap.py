@@ -324,6 +324,51 @@ def test_a_step_cannot_finish_before_all_its_values_are_taken(tf_env):
 
 @pytest.mark.tf_stack
 @pytest.mark.timeout(180)
+def test_kernel_misuse_raises_clear_errors(tf_env):
+    """Each channel kernel names what is wrong (a ticket that is not a scalar, an
+    unknown channel, slot or task, a step that is not live) instead of aborting
+    the process or touching another step, and the channel stays usable."""
+    tf, hvd, overlapped = tf_env
+    ops, _ = overlapped._load()
+    ch = overlapped.Channel("test_misuse", ntasks=1, nslots=2, nmeta=1)
+    two, one, x = tf.constant([1, 2], tf.int64), tf.constant(1, tf.int64), tf.ones([2])
+    bad, gone = tf.errors.InvalidArgumentError, tf.errors.FailedPreconditionError
+    cases = [
+        (lambda: ops.hvd_prio_overlap_post(two, x, channel=ch.id, slot=0), bad,
+         r"HvdPrioOverlapPost: ticket must be a scalar, got shape \[2\]"),
+        (lambda: ops.hvd_prio_overlap_take(two, T=tf.float32, shape=[2], channel=ch.id, slot=1),
+         bad, r"HvdPrioOverlapTake: ticket must be a scalar, got shape \[2\]"),
+        (lambda: ops.hvd_prio_overlap_layer_done(two, channel=ch.id, task=0), bad,
+         r"HvdPrioOverlapLayerDone: ticket must be a scalar, got shape \[2\]"),
+        (lambda: ops.hvd_prio_overlap_finish(two, channel=ch.id), bad,
+         r"HvdPrioOverlapFinish: ticket must be a scalar, got shape \[2\]"),
+        (lambda: ops.hvd_prio_overlap_begin(channel=ch.id + 1000), bad,
+         "no channel %d" % (ch.id + 1000)),
+        (lambda: ops.hvd_prio_overlap_post(one, x, channel=ch.id, slot=5), bad,
+         r"test_misuse: no slot 5 \(the channel has 2\)"),
+        (lambda: ops.hvd_prio_overlap_wait(channel=ch.id, task=1), bad,
+         r"test_misuse: no task 1 \(the channel has 1\)"),
+        (lambda: ops.hvd_prio_overlap_layer_done(one, channel=ch.id, task=3), bad,
+         r"test_misuse: no task 3 \(the channel has 1\)"),
+        (lambda: ops.hvd_prio_overlap_layer_done(one, channel=ch.id, task=0), gone,
+         "test_misuse: step 1 is not live"),
+        (lambda: ops.hvd_prio_overlap_finish(one, channel=ch.id), gone,
+         "test_misuse: step 1 is not live"),
+        (lambda: ops.hvd_prio_overlap_post(one, x, channel=ch.id, slot=0), gone,
+         "test_misuse: post to step 1 after its call ended"),
+    ]
+    for op, error, message in cases:
+        with pytest.raises(error, match=message):
+            run_with_timeout(op, timeout=30)
+    assert ch.state() == "open"
+    stats = ch.stats()
+    assert stats["posts"] == stats["layers_applied"] == stats["finished"] == 0, stats
+    assert stats["pending_requests"] == 0, stats
+    ch.close()
+
+
+@pytest.mark.tf_stack
+@pytest.mark.timeout(180)
 def test_pending_wait_ends_with_its_failing_call(tf_env):
     """A wait whose update never comes does not outlive its call when another op fails."""
     tf, hvd, overlapped = tf_env

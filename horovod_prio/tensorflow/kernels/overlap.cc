@@ -283,6 +283,52 @@ void Run(std::vector<std::function<void()>>* ready) {
   ready->clear();
 }
 
+// Runs fn(ch) with g_mu held on channel `id` (InvalidArgument if there is no
+// such channel), then, outside the lock, whatever became ready; returns fn's
+// status.  Every state change of a channel goes through here or Enqueue.
+template <typename Fn>
+Status Mutate(int64_t id, Fn&& fn) {
+  std::vector<std::function<void()>> ready;
+  Status err;
+  {
+    std::lock_guard<std::mutex> l(g_mu);
+    Channel* ch = Find(id);
+    if (ch == nullptr) {
+      return tensorflow::errors::InvalidArgument("horovod_prio overlap: no channel ", id);
+    }
+    err = fn(ch);
+    Collect(ch, &ready);
+  }
+  Run(&ready);
+  return err;
+}
+
+// Input 0 of kernel `op`: a step's ticket, which must be a scalar.
+Status ReadTicket(tensorflow::OpKernelContext* ctx, const char* op, int64_t* ticket) {
+  const Tensor& t = ctx->input(0);
+  if (!tensorflow::TensorShapeUtils::IsScalar(t.shape())) {
+    return tensorflow::errors::InvalidArgument(op, ": ticket must be a scalar, got shape ",
+                                               t.shape().DebugString());
+  }
+  *ticket = t.scalar<int64_t>()();
+  return Status();
+}
+
+// Live step `ticket` of ch (FailedPrecondition if it is not live).
+Status LiveStep(Channel* ch, int64_t ticket, std::shared_ptr<Step>* s) {
+  *s = FindStep(ch, ticket);
+  if (*s) return Status();
+  return tensorflow::errors::FailedPrecondition("horovod_prio overlap ", ch->name, ": step ",
+                                                ticket, " is not live");
+}
+
+// InvalidArgument unless 0 <= index < count (`what`: "task" or "slot").
+Status CheckIndex(const Channel& ch, const char* what, int64_t index, int count) {
+  if (index < count) return Status();
+  return tensorflow::errors::InvalidArgument("horovod_prio overlap ", ch.name, ": no ", what, " ",
+                                             index, " (the channel has ", count, ")");
+}
+
 // Removes pending request `id` (cancellation); returns its completion or null.
 std::function<void(const Status&, const Tensor*, int64_t)> Withdraw(int64_t channel,
                                                                     uint64_t id) {
@@ -475,45 +521,32 @@ class OverlapBeginOp : public OpKernel {
   }
 
   void Compute(OpKernelContext* ctx) override {
-    std::vector<std::function<void()>> ready;
     int64_t ticket = 0;
-    Status err;
-    {
-      std::lock_guard<std::mutex> l(ov::g_mu);
-      ov::Channel* ch = ov::Find(channel_);
-      if (ch == nullptr) {
-        err = errors::InvalidArgument("horovod_prio overlap: no channel ", channel_);
-      } else {
-        // An earlier call's step must have been sealed when that call ended:
-        // this call's waits skip unsealed steps as their own (WaitSatisfied),
-        // so a step left open would let them read stale weights.  Never
-        // silently: fail the channel.
-        bool late = false;
-        for (const auto& s : ch->live) late = late || !s->sealed;
-        ov::SealAll(ch);
-        if (late && ch->error.empty() && !ch->closed) {
-          ov::Fail(ch, "a training call ended without sealing its step (its cancellation "
-                       "manager did not run the seal callback); the next call's per-layer "
-                       "waits cannot be trusted");
-        }
-        if (ch->closed || !ch->error.empty()) {
-          err = ov::ChannelError(*ch);
-        } else {
-          auto s = std::make_shared<ov::Step>();
-          s->ticket = ticket = ++ch->last_ticket;
-          s->slots.resize(ch->nslots);
-          s->filled.assign(ch->nslots, 0);
-          s->applied.assign(ch->ntasks, 0);
-          s->begin_us = ov::NowUs();
-          ch->live.push_back(s);
-          ++ch->begun;
-          ov::Event(*ch, "begin", ticket, s->begin_us);
-        }
-        ov::Collect(ch, &ready);
+    OP_REQUIRES_OK(ctx, ov::Mutate(channel_, [&ticket](ov::Channel* ch) -> Status {
+      // An earlier call's step must have been sealed when that call ended:
+      // this call's waits skip unsealed steps as their own (WaitSatisfied), so
+      // a step left open would let them read stale weights.  Never silently:
+      // fail the channel.
+      bool late = false;
+      for (const auto& s : ch->live) late = late || !s->sealed;
+      ov::SealAll(ch);
+      if (late && ch->error.empty() && !ch->closed) {
+        ov::Fail(ch, "a training call ended without sealing its step (its cancellation "
+                     "manager did not run the seal callback); the next call's per-layer "
+                     "waits cannot be trusted");
       }
-    }
-    ov::Run(&ready);
-    OP_REQUIRES_OK(ctx, err);
+      if (ch->closed || !ch->error.empty()) return ov::ChannelError(*ch);
+      auto s = std::make_shared<ov::Step>();
+      s->ticket = ticket = ++ch->last_ticket;
+      s->slots.resize(ch->nslots);
+      s->filled.assign(ch->nslots, 0);
+      s->applied.assign(ch->ntasks, 0);
+      s->begin_us = ov::NowUs();
+      ch->live.push_back(s);
+      ++ch->begun;
+      ov::Event(*ch, "begin", ticket, s->begin_us);
+      return Status();
+    }));
     // Seal the step when this call ends (the call's cancellation manager runs
     // still-registered callbacks when it is cancelled or destroyed).
     CancellationManager* cm = ctx->cancellation_manager();
@@ -528,16 +561,11 @@ class OverlapBeginOp : public OpKernel {
   }
 
   static void SealStep(int64_t channel, int64_t ticket) {
-    std::vector<std::function<void()>> ready;
-    {
-      std::lock_guard<std::mutex> l(ov::g_mu);
-      ov::Channel* ch = ov::Find(channel);
-      if (ch == nullptr) return;
+    ov::Mutate(channel, [ticket](ov::Channel* ch) -> Status {
       auto s = ov::FindStep(ch, ticket);
       if (s) ov::Seal(ch, s);
-      ov::Collect(ch, &ready);
-    }
-    ov::Run(&ready);
+      return Status();
+    }).IgnoreError();  // the channel is gone: nothing to seal
     ov::g_cv.notify_all();
   }
 
@@ -553,41 +581,29 @@ class OverlapPostOp : public OpKernel {
   }
 
   void Compute(OpKernelContext* ctx) override {
-    const Tensor& t = ctx->input(0);
-    OP_REQUIRES(ctx, TensorShapeUtils::IsScalar(t.shape()),
-                errors::InvalidArgument("HvdPrioOverlapPost: ticket must be a scalar"));
-    const int64_t ticket = t.scalar<int64_t>()();
-    std::vector<std::function<void()>> ready;
-    Status err;
-    {
-      std::lock_guard<std::mutex> l(ov::g_mu);
-      ov::Channel* ch = ov::Find(channel_);
-      if (ch == nullptr || slot_ >= ch->nslots) {
-        err = errors::InvalidArgument("horovod_prio overlap: no channel ", channel_, " slot ",
-                                      slot_);
-      } else if (ch->closed || !ch->error.empty()) {
-        err = ov::ChannelError(*ch);
-      } else {
-        auto s = ov::FindStep(ch, ticket);
-        if (!s || s->sealed) {
-          err = errors::FailedPrecondition("horovod_prio overlap ", ch->name, ": post to step ",
-                                           ticket, " after its call ended");
-        } else if (s->filled[slot_] != 0) {
-          err = errors::FailedPrecondition("horovod_prio overlap ", ch->name, ": slot ", slot_,
-                                           " of step ", ticket, " posted twice");
-        } else {
-          s->slots[slot_] = ctx->input(1);  // shares the buffer (refcounted, immutable)
-          s->filled[slot_] = 1;
-          if (slot_ >= ch->nmeta && s->nchunks++ == 0) ++ch->started;
-          ++s->nposted;
-          ++ch->posts;
-          ov::Event(*ch, "post", ticket, ov::NowUs(), ",\"slot\":" + std::to_string(slot_));
-        }
-        ov::Collect(ch, &ready);
+    int64_t ticket = 0;
+    OP_REQUIRES_OK(ctx, ov::ReadTicket(ctx, "HvdPrioOverlapPost", &ticket));
+    const int64_t slot = slot_;
+    OP_REQUIRES_OK(ctx, ov::Mutate(channel_, [ctx, ticket, slot](ov::Channel* ch) -> Status {
+      TF_RETURN_IF_ERROR(ov::CheckIndex(*ch, "slot", slot, ch->nslots));
+      if (ch->closed || !ch->error.empty()) return ov::ChannelError(*ch);
+      auto s = ov::FindStep(ch, ticket);
+      if (!s || s->sealed) {
+        return errors::FailedPrecondition("horovod_prio overlap ", ch->name, ": post to step ",
+                                          ticket, " after its call ended");
       }
-    }
-    ov::Run(&ready);
-    OP_REQUIRES_OK(ctx, err);
+      if (s->filled[slot] != 0) {
+        return errors::FailedPrecondition("horovod_prio overlap ", ch->name, ": slot ", slot,
+                                          " of step ", ticket, " posted twice");
+      }
+      s->slots[slot] = ctx->input(1);  // shares the buffer (refcounted, immutable)
+      s->filled[slot] = 1;
+      if (slot >= ch->nmeta && s->nchunks++ == 0) ++ch->started;
+      ++s->nposted;
+      ++ch->posts;
+      ov::Event(*ch, "post", ticket, ov::NowUs(), ",\"slot\":" + std::to_string(slot));
+      return Status();
+    }));
   }
 
  private:
@@ -610,10 +626,10 @@ class OverlapWaitOp : public AsyncOpKernel {
     {
       std::lock_guard<std::mutex> l(ov::g_mu);
       ov::Channel* ch = ov::Find(channel_);
-      OP_REQUIRES_ASYNC(ctx, ch != nullptr && task_ < ch->ntasks,
-                        errors::InvalidArgument("horovod_prio overlap: no channel ", channel_,
-                                                " task ", task_),
+      OP_REQUIRES_ASYNC(ctx, ch != nullptr,
+                        errors::InvalidArgument("horovod_prio overlap: no channel ", channel_),
                         done);
+      OP_REQUIRES_OK_ASYNC(ctx, ov::CheckIndex(*ch, "task", task_, ch->ntasks), done);
       r.bound = ch->last_ticket;
       ++ch->waits;
       r.blocked = !ov::WaitSatisfied(*ch, r) && ch->error.empty() && !ch->closed;
@@ -659,13 +675,9 @@ class OverlapTakeOp : public AsyncOpKernel {
   }
 
   void ComputeAsync(OpKernelContext* ctx, DoneCallback done) override {
-    const Tensor& t = ctx->input(0);
-    OP_REQUIRES_ASYNC(ctx, TensorShapeUtils::IsScalar(t.shape()),
-                      errors::InvalidArgument("HvdPrioOverlapTake: ticket must be a scalar"),
-                      done);
     ov::Request r;
     r.kind = ov::Request::kTake;
-    r.ticket = t.scalar<int64_t>()();
+    OP_REQUIRES_OK_ASYNC(ctx, ov::ReadTicket(ctx, "HvdPrioOverlapTake", &r.ticket), done);
     r.slot = static_cast<int>(slot_);
     const DataType dtype = dtype_;
     const PartialTensorShape shape = shape_;
@@ -698,30 +710,20 @@ class OverlapLayerDoneOp : public OpKernel {
   }
 
   void Compute(OpKernelContext* ctx) override {
-    const int64_t ticket = ctx->input(0).scalar<int64_t>()();
-    std::vector<std::function<void()>> ready;
-    Status err;
-    {
-      std::lock_guard<std::mutex> l(ov::g_mu);
-      ov::Channel* ch = ov::Find(channel_);
-      if (ch == nullptr || task_ >= ch->ntasks) {
-        err = errors::InvalidArgument("horovod_prio overlap: no channel ", channel_, " task ",
-                                      task_);
-      } else {
-        auto s = ov::FindStep(ch, ticket);
-        if (!s) {
-          err = errors::FailedPrecondition("horovod_prio overlap ", ch->name, ": step ", ticket,
-                                           " is not live");
-        } else if (!s->applied[task_]) {
-          s->applied[task_] = 1;
-          ++ch->layers_applied;
-          ov::Event(*ch, "apply", ticket, ov::NowUs(), ",\"task\":" + std::to_string(task_));
-        }
-        ov::Collect(ch, &ready);
+    int64_t ticket = 0;
+    OP_REQUIRES_OK(ctx, ov::ReadTicket(ctx, "HvdPrioOverlapLayerDone", &ticket));
+    const int64_t task = task_;
+    OP_REQUIRES_OK(ctx, ov::Mutate(channel_, [ticket, task](ov::Channel* ch) -> Status {
+      TF_RETURN_IF_ERROR(ov::CheckIndex(*ch, "task", task, ch->ntasks));
+      std::shared_ptr<ov::Step> s;
+      TF_RETURN_IF_ERROR(ov::LiveStep(ch, ticket, &s));
+      if (!s->applied[task]) {
+        s->applied[task] = 1;
+        ++ch->layers_applied;
+        ov::Event(*ch, "apply", ticket, ov::NowUs(), ",\"task\":" + std::to_string(task));
       }
-    }
-    ov::Run(&ready);
-    OP_REQUIRES_OK(ctx, err);
+      return Status();
+    }));
   }
 
  private:
@@ -736,34 +738,21 @@ class OverlapFinishOp : public OpKernel {
   }
 
   void Compute(OpKernelContext* ctx) override {
-    const int64_t ticket = ctx->input(0).scalar<int64_t>()();
-    std::vector<std::function<void()>> ready;
-    Status err;
-    {
-      std::lock_guard<std::mutex> l(ov::g_mu);
-      ov::Channel* ch = ov::Find(channel_);
-      if (ch == nullptr) {
-        err = errors::InvalidArgument("horovod_prio overlap: no channel ", channel_);
-      } else {
-        auto s = ov::FindStep(ch, ticket);
-        if (!s) {
-          err = errors::FailedPrecondition("horovod_prio overlap ", ch->name, ": step ", ticket,
-                                           " is not live");
-        } else if (std::count(s->filled.begin(), s->filled.end(), 2) != ch->nslots) {
-          err = errors::FailedPrecondition("horovod_prio overlap ", ch->name, ": step ", ticket,
-                                           " finished before all its values were taken");
-        } else {
-          std::fill(s->applied.begin(), s->applied.end(), 1);
-          ch->live.erase(std::remove(ch->live.begin(), ch->live.end(), s), ch->live.end());
-          ++ch->finished;
-          std::ostringstream o;
-          o << ",\"begin_us\":" << s->begin_us;
-          ov::Event(*ch, "finish", ticket, ov::NowUs(), o.str());
-        }
-        ov::Collect(ch, &ready);
+    int64_t ticket = 0;
+    OP_REQUIRES_OK(ctx, ov::ReadTicket(ctx, "HvdPrioOverlapFinish", &ticket));
+    const Status err = ov::Mutate(channel_, [ticket](ov::Channel* ch) -> Status {
+      std::shared_ptr<ov::Step> s;
+      TF_RETURN_IF_ERROR(ov::LiveStep(ch, ticket, &s));
+      if (std::count(s->filled.begin(), s->filled.end(), 2) != ch->nslots) {
+        return errors::FailedPrecondition("horovod_prio overlap ", ch->name, ": step ", ticket,
+                                          " finished before all its values were taken");
       }
-    }
-    ov::Run(&ready);
+      std::fill(s->applied.begin(), s->applied.end(), 1);
+      ch->live.erase(std::remove(ch->live.begin(), ch->live.end(), s), ch->live.end());
+      ++ch->finished;
+      ov::Event(*ch, "finish", ticket, ov::NowUs(), ",\"begin_us\":" + std::to_string(s->begin_us));
+      return Status();
+    });
     ov::g_cv.notify_all();
     OP_REQUIRES_OK(ctx, err);
   }
@@ -840,31 +829,21 @@ int hvdprio_overlap_flush(int64_t channel, double timeout_s) {
 
 // Fails the channel with `msg` (the first failure wins); wakes everything.
 void hvdprio_overlap_fail(int64_t channel, const char* msg) {
-  std::vector<std::function<void()>> ready;
-  {
-    std::lock_guard<std::mutex> l(ov::g_mu);
-    ov::Channel* ch = ov::Find(channel);
-    if (ch == nullptr) return;
+  ov::Mutate(channel, [msg](ov::Channel* ch) -> tensorflow::Status {
     ov::Fail(ch, msg ? msg : "failed");
-    ov::Collect(ch, &ready);
-  }
-  ov::Run(&ready);
+    return tensorflow::Status();
+  }).IgnoreError();  // no such channel: nothing to fail
   ov::g_cv.notify_all();
 }
 
 // Closes the channel: pending and later kernels get Cancelled (the background
 // loop ends).  Idempotent.
 void hvdprio_overlap_close(int64_t channel) {
-  std::vector<std::function<void()>> ready;
-  {
-    std::lock_guard<std::mutex> l(ov::g_mu);
-    ov::Channel* ch = ov::Find(channel);
-    if (ch == nullptr) return;
+  ov::Mutate(channel, [](ov::Channel* ch) -> tensorflow::Status {
     if (!ch->closed) ov::Event(*ch, "closed", 0, ov::NowUs());
     ch->closed = true;
-    ov::Collect(ch, &ready);
-  }
-  ov::Run(&ready);
+    return tensorflow::Status();
+  }).IgnoreError();  // no such channel: nothing to close
   ov::g_cv.notify_all();
 }
 
