@@ -29,6 +29,15 @@ def require_stack():
     return ci or os.environ.get("HOROVOD_PRIO_REQUIRE_STACK", "").strip() == "1"
 
 
+def import_stack_module(name):
+    """``name`` imported; where the stack is required (CI, ``make test``) an
+    ImportError fails the module, elsewhere it skips it."""
+    if require_stack():
+        import importlib
+        return importlib.import_module(name)
+    return pytest.importorskip(name)
+
+
 @functools.lru_cache(maxsize=None)
 def missing(need):
     """Why ``need`` is not available here (None if it is)."""

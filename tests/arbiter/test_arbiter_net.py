@@ -385,8 +385,9 @@ def test_stats_request(server_factory, client_factory):
     for name in ("waits", "wait_seconds_total", "expired_leases", "outstanding_bytes"):
         assert name in st["links"]["eth0"]
     assert st["server"]["auth_failures"] == 0
-    with pytest.raises(Exception):
+    with pytest.raises(P.AuthError, match="wrong secret"):
         fetch_stats(srv.address, b"wrong", timeout=2)
+    assert fetch_stats(srv.address, SECRET)["server"]["auth_failures"] == 1
 
 
 # ------------------------------------------------------------------ authentication
@@ -924,7 +925,7 @@ def test_request_validation_and_close(server_factory, client_factory):
     assert c.complete(key("never-granted")) is False
     assert c.cancel(key("never-requested")) is False
     c.close()
-    with pytest.raises(RuntimeError):
+    with pytest.raises(RuntimeError, match="closed"):
         c.request(key("x"), 1, 1)
     with pytest.raises(ValueError, match="address"):
         ArbiterClient("nohostport", "L", "j", SECRET, lambda c: None)

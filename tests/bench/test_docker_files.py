@@ -13,6 +13,7 @@ from pathlib import Path
 from urllib.parse import urlparse
 
 import pytest
+from conftest import import_stack_module
 
 ROOT = Path(__file__).resolve().parents[2]
 DOCKERFILE = ROOT / "docker" / "Dockerfile"
@@ -104,7 +105,7 @@ def test_matrix_script_builds_niced_with_host_network_and_sets_controller():
 
 
 def test_ci_workflow_runs_the_same_matrix_with_make():
-    yaml = pytest.importorskip("yaml")
+    yaml = import_stack_module("yaml")
     wf = yaml.safe_load(_read(CI))
     job = wf["jobs"]["docker-test"]
     matrix = job["strategy"]["matrix"]

@@ -11,6 +11,7 @@ import subprocess
 import sys
 
 import pytest
+from conftest import import_stack_module
 
 from horovod_prio.method import policy as policy_mod
 from horovod_prio.method.config import PriorityConfig
@@ -575,7 +576,7 @@ def test_cli_dispatch_and_validate(tmp_path, capsys):
 
 
 def test_cli_plot_when_matplotlib_present(tmp_path):
-    pytest.importorskip("matplotlib")
+    import_stack_module("matplotlib")
     rc = cli.main(["--model", "resnet50", "--jobs", "2", "--steps", "4",
                    "--mode", "adaptive", "--out", str(tmp_path)])
     assert rc == 0

@@ -10,7 +10,9 @@ import pytest
 
 pytestmark = [pytest.mark.tf_stack, pytest.mark.timeout(120)]
 
-tf = pytest.importorskip("tensorflow")
+from conftest import import_stack_module  # noqa: E402
+
+tf = import_stack_module("tensorflow")
 
 import hvdrun  # noqa: E402
 from horovod_prio.scheduler import Scheduler  # noqa: E402

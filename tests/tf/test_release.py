@@ -11,7 +11,9 @@ import pytest
 
 pytestmark = [pytest.mark.tf_stack, pytest.mark.timeout(300)]
 
-pytest.importorskip("tensorflow")
+from conftest import import_stack_module  # noqa: E402
+
+import_stack_module("tensorflow")
 
 from hvdrun import CONTROLLERS, HERE, check, horovodrun  # noqa: E402
 
