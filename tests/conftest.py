@@ -23,19 +23,7 @@ import shutil
 
 import pytest
 
-
-def require_stack():
-    ci = os.environ.get("CI", "").strip().lower() in ("1", "true", "yes")
-    return ci or os.environ.get("HOROVOD_PRIO_REQUIRE_STACK", "").strip() == "1"
-
-
-def import_stack_module(name):
-    """``name`` imported; where the stack is required (CI, ``make test``) an
-    ImportError fails the module, elsewhere it skips it."""
-    if require_stack():
-        import importlib
-        return importlib.import_module(name)
-    return pytest.importorskip(name)
+from stack_required import require_stack
 
 
 @functools.lru_cache(maxsize=None)

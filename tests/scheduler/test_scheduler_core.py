@@ -5,7 +5,7 @@ import os
 import subprocess
 
 import pytest
-from conftest import require_stack
+from stack_required import require_stack
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(HERE))

@@ -11,7 +11,7 @@ import subprocess
 import sys
 
 import pytest
-from conftest import import_stack_module
+from stack_required import import_stack_module
 
 from horovod_prio.method import policy as policy_mod
 from horovod_prio.method.config import PriorityConfig

@@ -10,7 +10,7 @@ import pytest
 
 pytestmark = [pytest.mark.tf_stack, pytest.mark.timeout(120)]
 
-from conftest import import_stack_module  # noqa: E402
+from stack_required import import_stack_module  # noqa: E402
 
 tf = import_stack_module("tensorflow")
 

@@ -11,7 +11,7 @@ import pytest
 
 pytestmark = [pytest.mark.tf_stack, pytest.mark.timeout(300)]
 
-from conftest import import_stack_module  # noqa: E402
+from stack_required import import_stack_module  # noqa: E402
 
 import_stack_module("tensorflow")
 
