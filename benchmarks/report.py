@@ -37,6 +37,18 @@ def measured_steps(job: dict) -> list[tuple[float, float]]:
             for s, nxt in zip(steps, steps[1:] + [None])]
 
 
+def measured_cpu(job: dict) -> list[float | None]:
+    """CPU seconds rank 0's process (all threads) spent in each step of
+    :func:`measured_steps`, over the same cycle; None where the step records
+    carry no ``cpu_start`` (results written before 2026-12-04)."""
+    steps = [s for s in job.get("steps", []) if not s.get("warmup")]
+    out = []
+    for s, nxt in zip(steps, steps[1:] + [None]):
+        end = nxt.get("cpu_start") if nxt is not None else s.get("cpu_end")
+        out.append(None if s.get("cpu_start") is None or end is None else end - s["cpu_start"])
+    return out
+
+
 def overlap_window(run: dict) -> tuple[float, float] | None:
     spans = [measured_steps(j) for j in run.get("jobs", [])]
     if not spans or any(not s for s in spans):
@@ -72,16 +84,19 @@ def run_stats(run: dict) -> dict:
     win = overlap_window(run) if len(jobs) > 1 else None
     out = {"jobs": [], "window": win}
     for j in jobs:
-        steps = measured_steps(j)
-        used = [s for s in steps if win is None or (s[0] >= win[0] - 1e-6 and s[1] <= win[1] + 1e-6)]
+        steps = list(zip(measured_steps(j), measured_cpu(j)))
+        used = [(s, c) for s, c in steps
+                if win is None or (s[0] >= win[0] - 1e-6 and s[1] <= win[1] + 1e-6)]
         fallback = len(used) < 3
         if fallback:
             used = steps
-        d = sorted(e - s for s, e in used)
+        d = sorted(e - s for (s, e), _ in used)
+        cpu = [c for _, c in used]
         out["jobs"].append({
             "name": j["name"], "impl": j["impl"], "n": len(d), "window_fallback": fallback,
             "median": median(d), "mean": statistics.fmean(d) if d else None,
             "p90": d[min(len(d) - 1, int(0.9 * len(d)))] if d else None,
+            "cpu_median": median(cpu) if cpu and None not in cpu else None,
         })
     meds = [j["median"] for j in out["jobs"]]
     out["mean_of_jobs"] = statistics.fmean(meds) if meds and None not in meds else None
@@ -129,6 +144,8 @@ def summarize(results: dict) -> list[dict]:
             row["mean_s"] = median([r["_stats"]["mean_of_jobs"] for r in ok])
             row["floor_s"] = median([r["_stats"].get("floor") for r in ok])
             row["link_busy"] = median([r["_stats"].get("link_busy") for r in ok])
+            cpus = [[j.get("cpu_median") for j in r["_stats"]["jobs"]] for r in ok]
+            row["cpu_s"] = median([statistics.fmean(c) for c in cpus if c and None not in c])
             sp, worst = [], []
             base_cfg = tuple(_baseline_config(ok[0]))
             for r in ok:
@@ -192,8 +209,9 @@ def markdown(results: dict) -> str:
                   f"({x.get('runs_kept')} runs kept)" for x in meta.get("resumed", [])),
         "",
         "| scen | link | model, batch/rank | jobs | job0 s/step | job1 s/step | mean s/step "
-        "| comm floor s/step | speedup vs hvd | worst job vs hvd | link busy | runs ok |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "| comm floor s/step | speedup vs hvd | worst job vs hvd | link busy | rank-0 CPU s/step "
+        "| runs ok |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
         if r["status"] == "skipped" and r.get("note") == "not in --impls":
@@ -202,7 +220,7 @@ def markdown(results: dict) -> str:
         if r["status"] != "ok" or not r.get("runs_ok"):
             lines.append(f"| {r['scenario']} | {r['rate']} | {r.get('model') or meta.get('model', '')}, "
                          f"{r['batch']} | {cfg} | {r['status']}: {r.get('note') or ''} "
-                         f"| | | | | | | 0/{r['runs']} |")
+                         f"| | | | | | | | 0/{r['runs']} |")
             continue
         js = r["job_s"] + [None] * (2 - len(r["job_s"]))
         speedup = ratio_cell(r["speedup"], r.get("speedup_range"))
@@ -210,7 +228,7 @@ def markdown(results: dict) -> str:
             f"| {r['scenario']} | {r['rate']} | {r['model']}, {r['batch']} | {cfg} | {fmt(js[0])} "
             f"| {fmt(js[1])} | {fmt(r['mean_s'])} | {fmt(r['floor_s'])} | {speedup} "
             f"| {fmt(r['worst_job_change'], '{:+.1%}')} | {fmt(r['link_busy'], '{:.0%}')} "
-            f"| {r['runs_ok']}/{r['runs']} |")
+            f"| {fmt(r.get('cpu_s'))} | {r['runs_ok']}/{r['runs']} |")
     lines += notes_and_load(results, meta)
     if not meta.get("prio_available", True) and "prio" in meta.get("impls", ["prio"]):
         lines += ["", f"horovod_prio binding unavailable in this run "
@@ -222,7 +240,10 @@ def markdown(results: dict) -> str:
               "highest per-repeat ratio). worst job: largest "
               "per-job slowdown vs the baseline's same job. comm floor: bytes every rank "
               "sends through the shared lo (2(N−1)·S per job) ÷ rate. link busy: tc bytes "
-              "sent ÷ (rate × time) over the same window."]
+              "sent ÷ (rate × time) over the same window. rank-0 CPU: CPU seconds (all threads) "
+              "rank 0's process used per step over the same cycles, median over steps, mean over "
+              "jobs, median over repeats — what a configuration costs in compute, which wall "
+              "time on a shared 2-core box blurs (– for results recorded without it)."]
     return "\n".join(lines)
 
 

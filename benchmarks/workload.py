@@ -12,7 +12,9 @@ docs/overlap.md) is the only difference between the two; everything else --
 model, seeded synthetic data, optimizer, threads, pinning -- is identical.
 
 Rank 0 writes one JSON line per step to ``--out``:
-``{"step": i, "t_start": wall s, "t_end": wall s, "warmup": bool}``
+``{"step": i, "t_start": wall s, "t_end": wall s, "cpu_start": s, "cpu_end": s,
+"warmup": bool}`` (``cpu_*``: the process's CPU time, all threads, at the same
+instants; a step's CPU cost is the difference between two steps' ``cpu_start``)
 (warmup steps are written but flagged, and excluded from statistics), plus
 ``--meta-out`` (a JSON object describing the run) and ``--events-out`` (JSON
 lines of records logged on the ``horovod_prio`` logger, e.g. boost raise/decay).
@@ -201,6 +203,7 @@ def main(argv=None) -> int:
         def __init__(self):
             super().__init__()
             self.t0 = 0.0
+            self.c0 = 0.0
 
         def on_train_batch_begin(self, batch, logs=None):
             if batch == a.warmup:
@@ -214,11 +217,13 @@ def main(argv=None) -> int:
                 sys.stderr.flush()
                 os._exit(3)
             self.t0 = time.time()
+            self.c0 = time.process_time()
 
         def on_train_batch_end(self, batch, logs=None):
-            t = time.time()
+            t, c = time.time(), time.process_time()
             if out is not None:
                 out.write(json.dumps({"step": batch, "t_start": self.t0, "t_end": t,
+                                      "cpu_start": self.c0, "cpu_end": c,
                                       "warmup": batch < a.warmup}) + "\n")
 
     model.fit(ds, steps_per_epoch=a.warmup + a.steps, epochs=1, verbose=0,
