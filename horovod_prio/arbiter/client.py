@@ -142,7 +142,8 @@ class ArbiterClient:
         self._due = []                              # granted _Req to deliver (I/O thread)
         self._c = {"requests": 0, "grants": 0, "arbiter_grants": 0, "fallback_grants": 0,
                    "wait_seconds_total": 0.0, "wait_seconds_max": 0.0, "outages": 0,
-                   "reconnects": 0, "max_wait_cancels": 0, "cancels": 0, "renewals": 0}
+                   "reconnects": 0, "max_wait_cancels": 0, "cancels": 0, "renewals": 0,
+                   "ignored_grants": 0}
 
         self._wake_r, self._wake_w = socket.socketpair()
         self._wake_r.setblocking(False)
@@ -240,7 +241,8 @@ class ArbiterClient:
     def counters(self):
         """Snapshot: requests, grants, arbiter_grants, fallback_grants,
         wait_seconds_total, wait_seconds_max, outages, reconnects,
-        max_wait_cancels, cancels, renewals, pending, outstanding."""
+        max_wait_cancels, cancels, renewals, ignored_grants (GRANTs for a
+        request no longer waiting), pending, outstanding."""
         with self._lock:
             d = dict(self._c)
             d["pending"] = len(self._waiting)
@@ -598,7 +600,9 @@ class ArbiterClient:
             self._unacked.pop(key, None)
             req = self._waiting.get(key)
             if req is None or req.session != self._session_no:
-                return                  # withdrawn, or granted locally (max_wait) meanwhile
+                if kind == P.T_GRANT:   # withdrawn, or granted locally (max_wait) meanwhile
+                    self._c["ignored_grants"] += 1
+                return
             if kind == P.T_GRANT:
                 self._grant(req, now, local=False)
             elif req.state == _SENT:
