@@ -131,7 +131,9 @@ def test_cli_serves_reports_stats_and_survives_kill_restart(tmp_path, caplog):
         assert st["server"]["credit_bytes"] == 1024 and st["server"]["starvation_bound"] == 4
         assert st["server"]["order"] == "burst"
         r = run_cli("--stats", "%s:%d" % addr, env=_env(HOROVOD_PRIO_ARBITER_SECRET="wrong"))
-        assert r.returncode == 1 and "failed" in r.stderr
+        assert r.returncode == 1, r.stderr
+        assert "stats from %s:%d failed: authentication failed" % addr in r.stderr \
+            and "wrong secret" in r.stderr, r.stderr
 
         with caplog.at_level(logging.WARNING, logger="horovod_prio.arbiter"):
             p.send_signal(signal.SIGKILL)                # killed mid-run

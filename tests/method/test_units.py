@@ -17,8 +17,10 @@ def test_parse_bytes(raw, value):
 
 @pytest.mark.parametrize("raw", [-1, "-1", "1.2.3", "MiB", "1 XiB", "0.3B", 1.5, None, True])
 def test_parse_bytes_errors(raw):
-    with pytest.raises(ValueError):
+    """The error says what a byte size is and names the value it got."""
+    with pytest.raises(units.BadValue) as e:
         units.parse_bytes(raw)
+    assert str(e.value) == f"expected {units.bytes_rule(0)}, got {raw!r}"
 
 
 def test_minimums_and_rules_in_messages():
