@@ -74,7 +74,7 @@ class OverlapWorker:
         join. Never raises (it runs at interpreter exit)."""
         try:
             if self.channel.state() == "open" and not self.channel.flush(flush_timeout):
-                log.warning("horovod_prio: overlap %s: updates still pending after %.0f s at "
+                log.warning("horovod_prio: overlap %s: updates still pending after %g s at "
                             "exit were dropped (did another rank stop early?)", self.name,
                             flush_timeout)
         except Exception as e:  # a failed channel: already reported

@@ -1,5 +1,6 @@
 """The runtime side of barrier crossing (no TensorFlow): the per-channel worker
 thread, its ownership by the runtime, and the trace events of a channel."""
+import logging
 import threading
 import time
 
@@ -93,13 +94,22 @@ def test_a_failed_update_fails_the_channel_with_its_message():
     w.stop(flush_timeout=1)          # never raises, even on a failed channel
 
 
-def test_stop_gives_up_after_the_flush_timeout():
+@pytest.mark.timeout(30)
+def test_stop_gives_up_after_the_flush_timeout(caplog):
+    """A step that can never be applied: stop() waits flush_timeout for it (no
+    longer), says the pending update was dropped, and still closes the channel."""
     ch = FakeChannel()
     ch.post(1)                       # never applied: no worker running
+    asked = []
+    real_flush = ch.flush
+    ch.flush = lambda timeout: asked.append(timeout) or real_flush(timeout)
     w = OverlapWorker("fake", ch, ch.step_fn)
-    t0 = time.time()
-    w.stop(flush_timeout=0.3)
-    assert time.time() - t0 < 5 and ch.state() == "closed"
+    with caplog.at_level(logging.WARNING, logger="horovod_prio"):
+        w.stop(flush_timeout=0.3)
+    assert asked == [0.3] and ch.state() == "closed" and ch.applied == 0
+    warns = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert len(warns) == 1 and "overlap fake: updates still pending after 0.3 s" in warns[0] \
+        and "dropped" in warns[0]
 
 
 def test_runtime_stops_its_workers_at_shutdown():
