@@ -23,7 +23,7 @@ import shutil
 
 import pytest
 
-from stack_required import require_stack
+from stack_required import require_stack, stack_missing
 
 
 @functools.lru_cache(maxsize=None)
@@ -53,23 +53,24 @@ NEEDS = ("tf_stack", "compiler", "scheduler_lib")
 
 
 def pytest_configure(config):
+    config.addinivalue_line("markers", "stack_missing(reason): set by stack_required.needs; "
+                                       "a reason means skip, or fail where the stack is required")
     for need in NEEDS:
         config.addinivalue_line("markers", "%s: the test needs %s (see tests/conftest.py)"
                                 % (need, need))
 
 
 def pytest_runtest_setup(item):
+    for mark in item.iter_markers("stack_missing"):        # stack_required.needs(...)
+        if mark.kwargs.get("reason"):
+            stack_missing(mark.kwargs["reason"])
     for need in NEEDS:
         if item.get_closest_marker(need) is None:
             continue
         why = missing(need)
         if why is None:
             continue
-        msg = "%s missing: %s" % (need, why)
-        if require_stack():
-            pytest.fail(msg + " (CI=true / HOROVOD_PRIO_REQUIRE_STACK=1: a missing stack is a "
-                              "failure, not a skip)", pytrace=False)
-        pytest.skip(msg)
+        stack_missing("%s missing: %s" % (need, why))
 
 
 @pytest.fixture

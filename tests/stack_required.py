@@ -20,3 +20,21 @@ def import_stack_module(name):
     if require_stack():
         return importlib.import_module(name)
     return pytest.importorskip(name)
+
+
+_RULE = " (CI=true / HOROVOD_PRIO_REQUIRE_STACK=1: a missing stack is a failure, not a skip)"
+
+
+def stack_missing(reason):
+    """Inside a test: a part of the stack it needs is missing. Skips with
+    ``reason``; where the stack is required, fails with it."""
+    if require_stack():
+        pytest.fail(reason + _RULE, pytrace=False)
+    pytest.skip(reason)
+
+
+def needs(available, reason):
+    """Decorator for tests that need a part of the stack (``available``:
+    checked once at collection): runs them when it is there, otherwise
+    :func:`stack_missing` (``tests/conftest.py`` applies the marker)."""
+    return pytest.mark.stack_missing(reason=None if available else reason)

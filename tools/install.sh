@@ -14,7 +14,7 @@ log() { printf '[install] %s\n' "$*"; }
 
 # 1. Debian packages the horovod build and its MPI controller need.
 need=()
-for p in openmpi-bin libopenmpi-dev cmake g++ iproute2; do
+for p in openmpi-bin libopenmpi-dev cmake g++ iproute2 libssl-dev; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'install ok installed' || need+=("$p")
 done
 if ((${#need[@]})); then

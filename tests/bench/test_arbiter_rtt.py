@@ -10,10 +10,11 @@ import time
 import pytest
 
 from benchmarks import arbiter_rtt as ar
+from stack_required import needs, stack_missing
 from benchmarks import arbiter_rtt_matrix as am
 from benchmarks import rtt_probe as rp
 
-needs_gcc = pytest.mark.skipif(shutil.which("gcc") is None, reason="no gcc")
+needs_gcc = needs(shutil.which("gcc") is not None, "gcc is not installed")
 
 
 # ---------------------------------------------------------------- arguments
@@ -219,7 +220,7 @@ def test_native_build_reports_its_hmac():
 def test_native_combinations_round_trip(capsys, server, client):
     if server == "native" or (server == "python" and client != "python"):
         if ar.build_native()[1] != "openssl":
-            pytest.skip("rtt_native built without OpenSSL")
+            stack_missing("rtt_native built without OpenSSL (libssl-dev)")
     rc, res = _run(capsys, ["--jobs", "2", "--server", server, "--client", client])
     assert rc == 0, res["errors"]
     assert res["samples"] == 60 and res["fallback_grants"] == 0
@@ -233,7 +234,7 @@ def test_native_arbiter_checks_the_secret_and_every_mac():
     with the right secret, falls back with a wrong one, and a frame with a bad
     MAC closes that connection."""
     if ar.build_native()[1] != "openssl":
-        pytest.skip("rtt_native built without OpenSSL")
+        stack_missing("rtt_native built without OpenSSL (libssl-dev)")
     from horovod_prio.arbiter import protocol as P
     from horovod_prio.arbiter.client import ArbiterClient
     args = ar.parse_args(["--server", "native"])

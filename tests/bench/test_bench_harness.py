@@ -12,6 +12,7 @@ import pytest
 
 from benchmarks import harness, netns, report, run, workload
 from benchmarks.netns import HarnessError, ShapedLink
+from stack_required import needs, stack_missing
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -22,8 +23,7 @@ def _ip_netns_usable():
     return subprocess.run(["ip", "netns", "list"], capture_output=True).returncode == 0
 
 
-needs_netns = pytest.mark.skipif(not _ip_netns_usable(),
-                                 reason="needs root and a working `ip netns` + tc")
+needs_netns = needs(_ip_netns_usable(), "needs root and a working `ip netns` + tc")
 
 
 def _alive(pid):
@@ -174,7 +174,7 @@ def test_resume_refuses_what_it_cannot_finish(tmp_path, monkeypatch, capsys, cha
 
 def test_job_command_uses_gloo_on_lo(tmp_path):
     if shutil.which("horovodrun") is None and not (Path(sys.executable).parent / "horovodrun").exists():
-        pytest.skip("horovodrun not installed")
+        stack_missing("horovodrun not installed")
     cmd = harness.job_command(harness.JobSpec(name="job0", impl="prio", priority='{"step": 2}'),
                               tmp_path)
     s = " ".join(cmd)
@@ -320,7 +320,7 @@ def _horovod_ready():
 @pytest.mark.timeout(150)
 def test_real_horovod_job_failure_is_reported_and_cleaned(tmp_path):
     if not _horovod_ready():
-        pytest.skip("horovod with TensorFlow not installed in this interpreter's venv")
+        stack_missing("horovod with TensorFlow not installed in this interpreter's venv")
     link = ShapedLink("1gbit")
     job = harness.JobSpec(name="job0", impl="horovod", batch=8, steps=3, warmup=1, cpus="0",
                       extra_args=["--fail-at-step", "1"])

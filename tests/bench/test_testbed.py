@@ -19,6 +19,7 @@ import pytest
 
 from benchmarks import testbed
 from benchmarks.testbed import plan_topology
+from stack_required import needs, stack_missing
 
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parents[1]
@@ -30,8 +31,7 @@ def _netns_usable():
     return subprocess.run(["ip", "netns", "list"], capture_output=True).returncode == 0
 
 
-needs_netns = pytest.mark.skipif(not _netns_usable(),
-                                 reason="needs root, ip netns, tc and unshare")
+needs_netns = needs(_netns_usable(), "needs root, ip netns, tc and unshare")
 
 
 # ------------------------------------------------------------------ topology (no root)
@@ -292,7 +292,7 @@ def _horovod_ready():
 @pytest.mark.parametrize("transport", ["gloo", "mpi"])
 def test_real_horovodrun_job_runs_across_the_racks(transport):
     if not _horovod_ready():
-        pytest.skip("horovod with TensorFlow not installed in this interpreter's venv")
+        stack_missing("horovod with TensorFlow not installed in this interpreter's venv")
     n = 1 << 18                                   # 1 MiB of float32
     t = plan_topology(["a1"], ["b1"], rate="1gbit")
     with testbed.Testbed(t) as tb:
