@@ -345,9 +345,21 @@ def run_jobs(link: ShapedLink, jobs: list[JobSpec], workdir: Path, timeout: floa
             "name": job.name, "impl": job.impl, "model": job.model, "batch": job.batch,
             "cpus": job.cpus, "pin_rank": job.pin_rank, "priority": job.priority,
             "steps": read_jsonl(Path(f"{w}.steps.jsonl")), "meta": meta,
+            "rank_cpu": rank_cpu(workdir, job.name),
             "events": read_jsonl(Path(f"{w}.events.jsonl")), "trace_events": trace_events,
         })
     return result
+
+
+def rank_cpu(workdir: Path, name: str) -> dict:
+    """The other ranks' per-step CPU records (``<job>.steps.jsonl.rank<r>``, see
+    ``benchmarks.workload``), keyed by rank as a string (JSON keys)."""
+    out = {}
+    for p in sorted(workdir.glob(f"{name}.steps.jsonl.rank*")):
+        r = p.name.rsplit(".rank", 1)[1]
+        if r.isdigit():
+            out[r] = read_jsonl(p)
+    return out
 
 
 def trace_policy_events(path: Path) -> list[dict]:

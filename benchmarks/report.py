@@ -37,15 +37,33 @@ def measured_steps(job: dict) -> list[tuple[float, float]]:
             for s, nxt in zip(steps, steps[1:] + [None])]
 
 
-def measured_cpu(job: dict) -> list[float | None]:
-    """CPU seconds rank 0's process (all threads) spent in each step of
-    :func:`measured_steps`, over the same cycle; None where the step records
-    carry no ``cpu_start`` (results written before 2026-12-04)."""
-    steps = [s for s in job.get("steps", []) if not s.get("warmup")]
-    out = []
+def _cpu_cycles(steps: list[dict]) -> dict:
+    """step number -> CPU seconds from its start to the next step's start (the
+    last one: to its own end), over the measured steps that carry CPU times."""
+    steps = [s for s in steps if not s.get("warmup")]
+    out = {}
     for s, nxt in zip(steps, steps[1:] + [None]):
         end = nxt.get("cpu_start") if nxt is not None else s.get("cpu_end")
-        out.append(None if s.get("cpu_start") is None or end is None else end - s["cpu_start"])
+        if s.get("cpu_start") is not None and end is not None:
+            out[s["step"]] = end - s["cpu_start"]
+    return out
+
+
+def measured_cpu(job: dict) -> list[float | None]:
+    """CPU seconds the whole job (every rank's process, all threads) spent in
+    each step of :func:`measured_steps`, over the same cycle: rank 0's records
+    plus ``job["rank_cpu"]`` (the other ranks'). None for a step some rank has
+    no CPU time for (results recorded before 2026-12-04 have none)."""
+    ranks = [_cpu_cycles(job.get("steps", []))]
+    ranks += [_cpu_cycles(v) for _, v in sorted((job.get("rank_cpu") or {}).items())]
+    size = (job.get("meta") or {}).get("size")
+    complete = size is None or len(ranks) == size
+    out = []
+    for s in job.get("steps", []):
+        if s.get("warmup"):
+            continue
+        parts = [r.get(s["step"]) for r in ranks]
+        out.append(sum(parts) if complete and None not in parts else None)
     return out
 
 
@@ -209,7 +227,7 @@ def markdown(results: dict) -> str:
                   f"({x.get('runs_kept')} runs kept)" for x in meta.get("resumed", [])),
         "",
         "| scen | link | model, batch/rank | jobs | job0 s/step | job1 s/step | mean s/step "
-        "| comm floor s/step | speedup vs hvd | worst job vs hvd | link busy | rank-0 CPU s/step "
+        "| comm floor s/step | speedup vs hvd | worst job vs hvd | link busy | job CPU s/step "
         "| runs ok |",
         "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
@@ -240,10 +258,10 @@ def markdown(results: dict) -> str:
               "highest per-repeat ratio). worst job: largest "
               "per-job slowdown vs the baseline's same job. comm floor: bytes every rank "
               "sends through the shared lo (2(N−1)·S per job) ÷ rate. link busy: tc bytes "
-              "sent ÷ (rate × time) over the same window. rank-0 CPU: CPU seconds (all threads) "
-              "rank 0's process used per step over the same cycles, median over steps, mean over "
-              "jobs, median over repeats — what a configuration costs in compute, which wall "
-              "time on a shared 2-core box blurs (– for results recorded without it)."]
+              "sent ÷ (rate × time) over the same window. job CPU: CPU seconds all of a job's "
+              "ranks (all threads) used per step over the same cycles, median over steps, mean "
+              "over jobs, median over repeats — what a configuration costs in compute, which "
+              "wall time on a shared 2-core box blurs (– for results recorded without it)."]
     return "\n".join(lines)
 
 

@@ -14,7 +14,9 @@ model, seeded synthetic data, optimizer, threads, pinning -- is identical.
 Rank 0 writes one JSON line per step to ``--out``:
 ``{"step": i, "t_start": wall s, "t_end": wall s, "cpu_start": s, "cpu_end": s,
 "warmup": bool}`` (``cpu_*``: the process's CPU time, all threads, at the same
-instants; a step's CPU cost is the difference between two steps' ``cpu_start``)
+instants; a step's CPU cost is the difference between two steps' ``cpu_start``),
+and every other rank r writes the same records without wall times to
+``<--out>.rank<r>``, so the report can add up a step's CPU over the job
 (warmup steps are written but flagged, and excluded from statistics), plus
 ``--meta-out`` (a JSON object describing the run) and ``--events-out`` (JSON
 lines of records logged on the ``horovod_prio`` logger, e.g. boost raise/decay).
@@ -181,7 +183,7 @@ def main(argv=None) -> int:
     model.compile(optimizer=opt,
                   loss=tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True))
 
-    out = open(a.out, "w", buffering=1) if rank == 0 else None
+    out = open(a.out if rank == 0 else f"{a.out}.rank{rank}", "w", buffering=1)
     meta = {
         "impl": a.impl, "model": a.model, "params": int(model.count_params()),
         "grad_bytes": int(model.count_params()) * 4, "batch": a.batch,
@@ -221,17 +223,17 @@ def main(argv=None) -> int:
 
         def on_train_batch_end(self, batch, logs=None):
             t, c = time.time(), time.process_time()
-            if out is not None:
-                out.write(json.dumps({"step": batch, "t_start": self.t0, "t_end": t,
-                                      "cpu_start": self.c0, "cpu_end": c,
-                                      "warmup": batch < a.warmup}) + "\n")
+            rec = {"step": batch, "cpu_start": self.c0, "cpu_end": c, "warmup": batch < a.warmup}
+            if rank == 0:
+                rec.update(t_start=self.t0, t_end=t)
+            out.write(json.dumps(rec) + "\n")
 
     model.fit(ds, steps_per_epoch=a.warmup + a.steps, epochs=1, verbose=0,
               callbacks=[hvd.callbacks.BroadcastGlobalVariablesCallback(0), StepTimer()])
 
+    out.close()
     if rank == 0:
         meta["t_done"] = time.time()
-        out.close()
         if a.meta_out:
             with open(a.meta_out, "w") as f:
                 json.dump(meta, f, indent=1)
