@@ -23,7 +23,7 @@ import shutil
 
 import pytest
 
-from stack_required import require_stack, stack_missing
+from stack_required import stack_missing
 
 
 @functools.lru_cache(maxsize=None)
