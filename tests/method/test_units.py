@@ -39,12 +39,14 @@ def test_minimums_and_rules_in_messages():
         units.check("PriorityConfig.x", units.parse_int, "z", 1)
 
 
-def test_argparse_adapter():
+def test_argparse_adapter(capsys):
     p = argparse.ArgumentParser()
     p.add_argument("--size", type=units.arg(units.parse_bytes, 1))
     assert p.parse_args(["--size", "4MiB"]).size == 4 << 20
-    with pytest.raises(SystemExit):
+    with pytest.raises(SystemExit) as ei:
         p.parse_args(["--size", "4XB"])
+    err = capsys.readouterr().err
+    assert ei.value.code == 2 and "--size" in err and "4XB" in err and "byte size" in err
 
 
 def test_the_same_rules_on_the_command_lines_and_in_env_vars():

@@ -51,8 +51,7 @@ def test_single_job_fifo_step_equals_formula_overlapped():
     n = 4
     r = simulate([JobSpec(prof, n, 5)], "fifo", link)
     expect = prof.forward_s + prof.backward_s + t_allreduce(250_000 * 4, n, link)
-    for s in r.step_times(0):
-        assert s == pytest.approx(expect, rel=1e-9)
+    assert r.step_times(0) == pytest.approx([expect] * 5, rel=1e-9)
 
 
 def test_single_job_fifo_fusion_formula():
@@ -125,6 +124,7 @@ def test_steps_respect_compute_and_comm_floor(mode, model):
     r = simulate([JobSpec(prof, 16, 6), JobSpec(prof, 16, 6, start=0.05)], mode, link)
     floor = comm_floor(prof, 16, link)
     for j in range(2):
+        assert len(r.step_times(j)) == 6
         for s in r.step_times(j):
             assert s >= floor * (1 - 1e-9)
             assert s >= prof.compute_s * (1 - 1e-9)
@@ -270,12 +270,11 @@ def test_overlap_step_time_by_hand():
     plain = simulate([JobSpec(overlap_toy(), 2, 12)], "priority", link, pc)
     ov = simulate([JobSpec(overlap_toy(), 2, 12, overlap=True)], "priority", link, pc)
     assert ov.mode == "priority+overlap"
-    for s in plain.step_times(0):
-        assert s == pytest.approx(0.93125, rel=1e-9)
+    assert plain.step_times(0) == pytest.approx([0.93125] * 12, rel=1e-9)
     steps = ov.step_times(0)
+    assert len(steps) == 12
     assert steps[0] == pytest.approx(0.6, rel=1e-9)          # nothing to wait for yet
-    for s in steps[1:-1]:
-        assert s == pytest.approx(0.73125, rel=1e-9)
+    assert steps[1:-1] == pytest.approx([0.73125] * 10, rel=1e-9)
     # the last step ends when its updates are applied (the final flush):
     # its backward ended 0.6125 after the previous D, + the rest as above
     assert sum(steps) == pytest.approx(ov.makespan, rel=1e-12)
@@ -288,8 +287,7 @@ def test_overlap_without_a_credit_cannot_reorder_and_gains_nothing():
     link = LinkConfig(bandwidth=16 * MIB, latency=0.0, cycle_time=0.0)
     pc = pcfg(partition_bytes=MIB, credit_bytes=None, num_groups=3)
     ov = simulate([JobSpec(overlap_toy(), 2, 12, overlap=True)], "priority", link, pc)
-    for s in ov.step_times(0)[1:-1]:
-        assert s == pytest.approx(0.93125, rel=1e-9)
+    assert ov.step_times(0)[1:-1] == pytest.approx([0.93125] * 10, rel=1e-9)
 
 
 @pytest.mark.parametrize("mode", ["priority", "arbiter", "adaptive"])
@@ -571,7 +569,7 @@ def test_cli_dispatch_and_validate(tmp_path, capsys):
     rc = top.main(["sim", "--validate", "--out", str(tmp_path)])
     assert rc == 0
     v = json.loads((tmp_path / "validation.json").read_text())
-    assert all(r["within_15pct"] for r in v["rows"])
+    assert v["rows"] and all(r["within_15pct"] for r in v["rows"])
     assert "| 2 jobs, Horovod |" in capsys.readouterr().out
 
 

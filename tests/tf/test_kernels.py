@@ -161,6 +161,7 @@ def test_held_chunks_released_by_priority_within_credit():
     # Deterministic queueing: a blocker chunk sits in flight (bigger than the
     # credit), so every chunk of the step is held until it is freed.
     big = tf.zeros([credit + 1], tf.uint8)
+    t_lo = time.time() * 1e6
     run_with_timeout(lambda: hold_blocker(big), 30)
     assert SCHED.stats()["inflight_bytes"] == credit + 1
 
@@ -194,8 +195,8 @@ def test_held_chunks_released_by_priority_within_credit():
     assert s["submitted"] == s["released"] == s["completed"] == n + 1
     assert s["queued"] == 0 and s["inflight_bytes"] == 0
     assert s["max_inflight_bytes"] <= max(credit, max(sizes), credit + 1)
-    now_us = time.time() * 1e6
-    assert all(abs(e["t_us"] - now_us) < 300e6 for e in events)  # system clock
+    t_hi = time.time() * 1e6
+    assert all(t_lo <= e["t_us"] <= t_hi for e in events)  # the system clock, in this test's span
 
 
 def test_many_iterations_random_priorities_tiny_credit():
@@ -237,6 +238,8 @@ def test_pass_through_when_not_holding():
         np.testing.assert_array_equal(y.numpy(), x.numpy())
     events = SCHED.drain_events()
     # every release directly follows its own ready event
+    assert len(events) == 3 * n                     # ready, release, complete per chunk
+    assert sum(e["kind"] == "release" for e in events) == n
     for a, b in zip(events, events[1:]):
         if b["kind"] == "release":
             assert a["kind"] == "ready" and a["name"] == b["name"]
@@ -307,7 +310,7 @@ def test_aborted_step_withdraws_held_chunk():
         return out, f
 
     x = tf.constant([1.0, 2.0])
-    with pytest.raises(tf.errors.OpError):
+    with pytest.raises(tf.errors.OpError, match="boom while held"):
         run_with_timeout(lambda: step(x, x), 60)
     s = SCHED.stats()
     assert s["cancelled"] == 1 and s["queued"] == 0, s
