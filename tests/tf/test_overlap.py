@@ -160,11 +160,15 @@ def tf_env():
 
 
 class _Bg:
-    """A hand-made background loop on a test channel: take the step's slots, wait
-    ``delay`` seconds (so the next training call starts before the update), add
-    the last chunk's sum to ``v``, mark the layer applied, finish."""
+    """A hand-made background loop on a test channel: take the step's slots, hold
+    the update until the next training call is seen waiting for it (the
+    channel's ``waits_blocked`` count grows), then add the last chunk's sum to
+    ``v``, mark the layer applied, finish. Holding it makes the ordering checks
+    deterministic: a read that did not wait would see the old ``v`` whatever
+    the machine's load. Once the test sets ``flush_now`` (before flushing: no
+    call will wait for the last update) updates are applied at once."""
 
-    def __init__(self, tf, overlapped, channel, v, nslots, delay=0.2):
+    def __init__(self, tf, overlapped, channel, v, nslots, hold=60.0):
         ops, _ = overlapped._load()
         from horovod_prio.tensorflow.ops import independent
 
@@ -186,12 +190,25 @@ class _Bg:
                 independent(ops.hvd_prio_overlap_finish(ticket, channel=channel.id))
 
         self.errors = []
+        self.flush_now = threading.Event()
+
+        def held_until_a_call_waits(seen):
+            deadline = time.monotonic() + hold
+            while not self.flush_now.is_set():
+                n = channel.stats()["waits_blocked"]
+                if n > seen:
+                    return n
+                if time.monotonic() > deadline:
+                    raise RuntimeError("no training call waited for this update")
+                time.sleep(0.005)
+            return seen
 
         def loop():
+            seen = 0
             while True:
                 try:
                     ticket, last = take()
-                    time.sleep(delay)
+                    seen = held_until_a_call_waits(seen)
                     apply(ticket, last)
                 except Exception as e:  # noqa: B902 - recorded for the test
                     self.errors.append(e)
@@ -238,6 +255,7 @@ def test_channel_orders_reads_after_updates_and_fails_loudly_part_way(tf_env):
         # the read of step k waits for step k-1's update (v grows by 2 per step)
         run_with_timeout(lambda: train(ones, 1.0))
         assert seen.numpy() == 2.0 * k
+    bg.flush_now.set()
     assert ch.flush(30) and v.numpy() == 10.0
     # a call that fails before it posts a chunk: dropped
     with pytest.raises(tf.errors.InvalidArgumentError, match="pre"):
@@ -290,6 +308,7 @@ def test_begin_first_a_wait_skips_its_own_step(tf_env):
         # the read of step k waits for step k-1's update, and not for step k's own
         run_with_timeout(lambda: train(tf.ones([2])), timeout=30)
         assert seen.numpy() == 2.0 * k
+    bg.flush_now.set()
     assert ch.flush(30) and v.numpy() == 8.0 and not bg.errors
     ch.close()
 
