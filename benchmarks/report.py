@@ -28,25 +28,27 @@ def median(xs):
     return statistics.median(xs) if xs else None
 
 
-def measured_steps(job: dict) -> list[tuple[float, float]]:
-    """(start, end) of each measured step, where a step ends when the next one
-    starts (its cycle: also what runs between two batches -- callbacks, and with
-    ``hvd.overlap`` a flush a callback asks for); the last step ends at its own end."""
-    steps = [s for s in job.get("steps", []) if not s.get("warmup")]
-    return [(s["t_start"], nxt["t_start"] if nxt is not None else s["t_end"])
+def _cycles(steps: list[dict], clock: str) -> list[tuple[int, float | None, float | None]]:
+    """(step, start, end) of each measured step on ``clock`` ("t": wall, "cpu":
+    process CPU time), where a step ends when the next one starts (its cycle:
+    also what runs between two batches -- callbacks, and with ``hvd.overlap`` a
+    flush a callback asks for); the last step ends at its own end. None where a
+    record lacks the clock."""
+    steps = [s for s in steps if not s.get("warmup")]
+    return [(s.get("step"), s.get(clock + "_start"),
+             nxt.get(clock + "_start") if nxt is not None else s.get(clock + "_end"))
             for s, nxt in zip(steps, steps[1:] + [None])]
 
 
+def measured_steps(job: dict) -> list[tuple[float, float]]:
+    """(start, end) wall time of each measured step, over its cycle (:func:`_cycles`)."""
+    return [(a, b) for _, a, b in _cycles(job.get("steps", []), "t")]
+
+
 def _cpu_cycles(steps: list[dict]) -> dict:
-    """step number -> CPU seconds from its start to the next step's start (the
-    last one: to its own end), over the measured steps that carry CPU times."""
-    steps = [s for s in steps if not s.get("warmup")]
-    out = {}
-    for s, nxt in zip(steps, steps[1:] + [None]):
-        end = nxt.get("cpu_start") if nxt is not None else s.get("cpu_end")
-        if s.get("cpu_start") is not None and end is not None:
-            out[s["step"]] = end - s["cpu_start"]
-    return out
+    """step number -> CPU seconds over its cycle, for the measured steps that
+    carry CPU times."""
+    return {n: b - a for n, a, b in _cycles(steps, "cpu") if a is not None and b is not None}
 
 
 def measured_cpu(job: dict) -> list[float | None]:
@@ -59,10 +61,8 @@ def measured_cpu(job: dict) -> list[float | None]:
     size = (job.get("meta") or {}).get("size")
     complete = size is None or len(ranks) == size
     out = []
-    for s in job.get("steps", []):
-        if s.get("warmup"):
-            continue
-        parts = [r.get(s["step"]) for r in ranks]
+    for n, _, _ in _cycles(job.get("steps", []), "t"):
+        parts = [r.get(n) for r in ranks]
         out.append(sum(parts) if complete and None not in parts else None)
     return out
 

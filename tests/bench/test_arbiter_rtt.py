@@ -10,9 +10,9 @@ import time
 import pytest
 
 from benchmarks import arbiter_rtt as ar
-from stack_required import needs, stack_missing
 from benchmarks import arbiter_rtt_matrix as am
 from benchmarks import rtt_probe as rp
+from stack_required import needs, stack_missing
 
 needs_gcc = needs(shutil.which("gcc") is not None, "gcc is not installed")
 
