@@ -17,6 +17,10 @@ a horovod_prio job with that environment (e.g. autotune=HOROVOD_PRIO_AUTOTUNE=1;
 monitor0=HOROVOD_PRIO_MONITOR=0; the value "--overlap" as a key adds that
 workload flag instead), to be listed in --impls.
 
+--control NAME adds an implementation NAME that is plain Horovod again (an A/A
+control): horovod vs NAME measured side by side shows how far two runs of the
+same code differ on this box, the yardstick for any horovod_prio ratio.
+
 Repeats are interleaved (repeat 1 of every config, then repeat 2, ...; the
 config order rotates each repeat); ratios are computed between runs of the
 same repeat and reported as medians over repeats.
@@ -66,7 +70,8 @@ def _scenarios(s):
 def _impl_list(s):
     xs = [x.strip() for x in s.split(",") if x.strip()]
     if not xs:
-        raise argparse.ArgumentTypeError(f"expected a list of horovod,prio,<variant>, got {s!r}")
+        raise argparse.ArgumentTypeError(
+            f"expected a list of horovod,prio,<variant>,<control>, got {s!r}")
     return xs
 
 
@@ -118,6 +123,9 @@ def build_parser():
                         "--variant names too); configs using others are skipped")
     p.add_argument("--variant", type=_variant, action="append", default=[],
                    metavar="NAME=ENV=V[;ENV=V]", help="a named horovod_prio variant (repeatable)")
+    p.add_argument("--control", action="append", default=[], metavar="NAME",
+                   help="a plain-Horovod implementation named NAME (an A/A control; repeatable), "
+                        "to be listed in --impls")
     p.add_argument("--pin", choices=["job", "rank", "none"], default="job",
                    help="job: job j on core j%%ncpu (default); rank: rank r on core r; none")
     p.add_argument("--threads", type=positive_int, default=1, help="TF threads per rank")
@@ -151,10 +159,15 @@ def parse_args(argv=None):
     if a.out is None:
         a.out = str(REPO / "results" / "bench" / ("quick" if a.quick else "full"))
     a.variants = {name: (env, flags) for name, env, flags in a.variant}
-    unknown = [x for x in a.impls if x not in ("horovod", "prio") and x not in a.variants]
+    for name in a.control:
+        if name in ("horovod", "prio") or name in a.variants or not name.isidentifier():
+            p.error(f"argument --control: {name!r} is not a new implementation name (a word, "
+                    f"not horovod, prio or a --variant name)")
+    unknown = [x for x in a.impls if x not in ("horovod", "prio") and x not in a.variants
+               and x not in a.control]
     if unknown:
         p.error(f"argument --impls: unknown implementation(s) {', '.join(unknown)} "
-                f"(horovod, prio or a --variant name)")
+                f"(horovod, prio, a --variant or a --control name)")
     if a.priority is not None:
         try:
             ok = isinstance(json.loads(a.priority), dict)
@@ -167,6 +180,11 @@ def parse_args(argv=None):
 
 
 # ---------------------------------------------------------------- scenarios
+def uses_prio(args, impl: str) -> bool:
+    """prio and its variants run horovod_prio; horovod and the --control names do not."""
+    return impl != "horovod" and impl not in args.control
+
+
 def plan(args, prio_ok: bool) -> list[dict]:
     """The list of runs, interleaved over repeats. Each: scenario, config, rate, batch, repeat."""
     groups = []   # (scenario, rate, batch, [configs])
@@ -193,7 +211,7 @@ def plan(args, prio_ok: bool) -> list[dict]:
                 skip = None
                 if any(c not in args.impls for c in cfg):
                     skip = "not in --impls"
-                elif any(c != "horovod" for c in cfg) and not prio_ok:
+                elif any(uses_prio(args, c) for c in cfg) and not prio_ok:
                     skip = "prio-unavailable"
                 runs.append({"scenario": scenario, "config": list(cfg), "rate": rate,
                              "batch": batch, "repeat": rep, "skip": skip})
@@ -203,7 +221,7 @@ def plan(args, prio_ok: bool) -> list[dict]:
 def execute_run(r: dict, args, workroot: Path, progress: Progress | None) -> dict:
     jobs = []
     for i, impl in enumerate(r["config"]):
-        prio = impl != "horovod"
+        prio = uses_prio(args, impl)
         env = dict(args.prio_env) if prio else {}
         venv, vflags = args.variants.get(impl, ({}, []))
         env.update(venv)
@@ -240,7 +258,7 @@ def main(argv=None) -> int:
         sys.stderr.write(f"[bench] removed stale namespaces: {', '.join(removed)}\n")
 
     prio_ok, why = False, "not requested (--impls)"
-    wants_prio = any(x != "horovod" for x in args.impls)   # prio or a variant of it
+    wants_prio = any(uses_prio(args, x) for x in args.impls)   # prio or a variant of it
     if wants_prio:
         sys.stderr.write("[bench] checking horovod_prio.tensorflow.keras ...\n")
         prio_ok, why = check_prio_available()
@@ -272,6 +290,7 @@ def main(argv=None) -> int:
             "repeats": args.repeats, "delay": args.delay, "priority": args.priority,
             "prio_env": dict(args.prio_env), "prio_available": prio_ok, "impls": args.impls,
             "variants": {k: {"env": e, "flags": f} for k, (e, f) in args.variants.items()},
+            "controls": list(args.control),
             "prio_unavailable_reason": None if prio_ok else why,
             "git": git_rev(),
         },

@@ -66,6 +66,9 @@ def test_clear_error_without_root(monkeypatch, capsys):
     (["--priority", "3"], "--priority"),
     (["--impls", "horovod,mpi"], "--impls"),
     (["--pin", "core"], "--pin"),
+    (["--control", "prio"], "--control"),
+    (["--control", "a b"], "--control"),
+    (["--variant", "off=HOROVOD_PRIO_ENABLED=0", "--control", "off"], "--control"),
 ])
 def test_bad_arguments_name_the_flag(argv, flag, capsys):
     with pytest.raises(SystemExit) as e:
@@ -109,6 +112,43 @@ def test_defaults_and_plan_interleave():
     assert runs[0]["config"] != runs[3]["config"]        # order rotates per repeat
     skipped = [r for r in run.plan(a, prio_ok=False) if r["skip"]]
     assert skipped and all("prio" in r["config"] for r in skipped)
+
+
+def test_a_control_is_plain_horovod_under_another_name(tmp_path):
+    a = run.parse_args(["--scenario", "c", "--rates", "1gbit", "--batches", "32",
+                        "--impls", "horovod,aa,prio", "--control", "aa", "--priority",
+                        '{"num_groups": 2}', "--prio-env", "HOROVOD_PRIO_NUM_GROUPS=3"])
+    runs = run.plan(a, prio_ok=False)             # no horovod_prio: the control still runs
+    by_cfg = {tuple(r["config"]): r["skip"] for r in runs}
+    assert by_cfg == {("horovod", "horovod"): None, ("aa", "aa"): None,
+                      ("prio", "prio"): "prio-unavailable"}
+    seen = {}
+
+    def fake_run_jobs(link, jobs, workdir, *args, **kw):
+        seen[workdir.name] = jobs
+        return {}
+
+    class Link:
+        def __init__(self, *a, **kw): pass
+        def create(self): pass
+        def qdisc(self): return ""
+        def cleanup(self): pass
+
+    mp = pytest.MonkeyPatch()
+    mp.setattr(run, "run_jobs", fake_run_jobs)
+    mp.setattr(run, "ShapedLink", Link)
+    try:
+        for r in run.plan(a, prio_ok=True):
+            run.execute_run(r, a, tmp_path, None)
+    finally:
+        mp.undo()
+    jobs = {name.split("-")[1]: js for name, js in seen.items()}
+    assert set(jobs) == {"hvd+hvd", "aa+aa", "prio+prio"}
+    for j in jobs["aa+aa"] + jobs["hvd+hvd"]:
+        assert (j.impl, j.priority, j.env) == ("horovod", None, {})
+    for j in jobs["prio+prio"]:
+        assert j.impl == "prio" and j.priority == '{"num_groups": 2}'
+        assert j.env == {"HOROVOD_PRIO_NUM_GROUPS": "3"}
 
 
 def _fake_sweep(monkeypatch, executed):
