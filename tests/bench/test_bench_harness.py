@@ -114,7 +114,7 @@ def test_defaults_and_plan_interleave():
     assert skipped and all("prio" in r["config"] for r in skipped)
 
 
-def test_a_control_is_plain_horovod_under_another_name(tmp_path):
+def test_a_control_is_plain_horovod_under_another_name(tmp_path, monkeypatch):
     a = run.parse_args(["--scenario", "c", "--rates", "1gbit", "--batches", "32",
                         "--impls", "horovod,aa,prio", "--control", "aa", "--priority",
                         '{"num_groups": 2}', "--prio-env", "HOROVOD_PRIO_NUM_GROUPS=3"])
@@ -134,14 +134,10 @@ def test_a_control_is_plain_horovod_under_another_name(tmp_path):
         def qdisc(self): return ""
         def cleanup(self): pass
 
-    mp = pytest.MonkeyPatch()
-    mp.setattr(run, "run_jobs", fake_run_jobs)
-    mp.setattr(run, "ShapedLink", Link)
-    try:
-        for r in run.plan(a, prio_ok=True):
-            run.execute_run(r, a, tmp_path, None)
-    finally:
-        mp.undo()
+    monkeypatch.setattr(run, "run_jobs", fake_run_jobs)
+    monkeypatch.setattr(run, "ShapedLink", Link)
+    for r in run.plan(a, prio_ok=True):
+        run.execute_run(r, a, tmp_path, None)
     jobs = {name.split("-")[1]: js for name, js in seen.items()}
     assert set(jobs) == {"hvd+hvd", "aa+aa", "prio+prio"}
     for j in jobs["aa+aa"] + jobs["hvd+hvd"]:
