@@ -64,6 +64,7 @@ class Runtime:
         self._cache = {}
         self._thread = None
         self._stop = threading.Event()
+        self._pump_lock = threading.Lock()   # one pump at a time: steps reach a monitor in order
         self._closed = False
         # barrier crossing (runtime/overlap.py): background workers, extra trace events
         self._overlap_workers = []
@@ -220,25 +221,35 @@ class Runtime:
                 log.exception("horovod_prio: runtime thread error (carrying on)")
                 self._stop.wait(0.25)
 
-    def pump(self):
+    def pump(self, wait=None):
         """Hand finished steps to the monitors (and the tuner) and flush the
-        trace (the thread's body; also called once more at shutdown)."""
-        with self._lock:
-            monitors = list(self.monitors)
-        for m in monitors:
-            steps = self.clock.take_steps(m.slot)
-            m.on_steps(steps)
-            if self.tuner is not None and m is self._tuned_monitor:
-                for begin, end in steps:
-                    credit = self.tuner.on_step(max(0.0, end - begin))
-                    if credit is not None:
-                        self._apply_tuning(credit, self.tuner.choices[-1][2])
-        if self.tracer is not None:
-            self.tracer.add(self.scheduler.drain_events())
-            for drain in list(self._event_sources):
-                for event in drain():
-                    self.writer.emit(event)
-            self.writer.flush()
+        trace (the thread's body; also called once more at shutdown, which
+        may overlap a thread that did not stop in time). One pump at a time,
+        so steps taken from the clock reach their monitor and the tuner in
+        order; ``wait`` (s): give up, returning False, if another pump holds
+        on that long (None: wait)."""
+        if not self._pump_lock.acquire(timeout=-1 if wait is None else wait):
+            return False
+        try:
+            with self._lock:
+                monitors = list(self.monitors)
+            for m in monitors:
+                steps = self.clock.take_steps(m.slot)
+                m.on_steps(steps)
+                if self.tuner is not None and m is self._tuned_monitor:
+                    for begin, end in steps:
+                        credit = self.tuner.on_step(max(0.0, end - begin))
+                        if credit is not None:
+                            self._apply_tuning(credit, self.tuner.choices[-1][2])
+            if self.tracer is not None:
+                self.tracer.add(self.scheduler.drain_events())
+                for drain in list(self._event_sources):
+                    for event in drain():
+                        self.writer.emit(event)
+                self.writer.flush()
+        finally:
+            self._pump_lock.release()
+        return True
 
     def _apply_tuning(self, credit, why):
         """Rank 0's credit (the only rank that holds): no other rank needs it."""
@@ -270,7 +281,9 @@ class Runtime:
         if self.writer is not None:
             try:
                 if self.clock is not None:
-                    self.pump()
+                    if not self.pump(wait=5.0):
+                        log.debug("horovod_prio: runtime thread still pumping; final trace "
+                                  "flush skipped")
                 else:
                     self.tracer.add(self.scheduler.drain_events())
             except Exception:

@@ -3,6 +3,7 @@ that exist once per process, optimizer identities, the monitor fed by a step
 clock, the trace."""
 import logging
 import threading
+import time
 
 import pytest
 
@@ -54,6 +55,15 @@ class FakeClock:
 
 def cfg(**kw):
     return PriorityConfig.from_env({}, **kw)
+
+
+def wait_until(pred, timeout=10.0):
+    end = time.monotonic() + timeout
+    while not pred():
+        if time.monotonic() > end:
+            return False
+        time.sleep(0.005)
+    return True
 
 
 def runtime():
@@ -152,6 +162,37 @@ def test_rank0_monitor_raises_the_boost_from_measured_steps_and_sets_the_vector(
     rt.pump()
     assert mon.steps == 4 and mon.policy.boost == 2
     assert clock.vectors[mon.slot] == [0, 1, 4]   # what the next step's gates read
+    rt.shutdown()
+
+
+def test_pumps_hand_steps_to_a_monitor_in_order():
+    """The runtime thread and another caller (shutdown after a join that timed
+    out, or a test) pump at once: the second waits for the first, so the steps
+    reach the monitor in the order they finished."""
+    rt = runtime()
+    rt.setup(cfg(), 0, 2)
+    clock = FakeClock()
+    _, mon = rt.identity("opt", ("k",), cfg(warmup_batches=0), 3, clock)
+    fed, inside, release = [], threading.Event(), threading.Event()
+    real = mon.on_steps
+
+    def on_steps(steps):
+        if steps and not inside.is_set():
+            inside.set()
+            release.wait(10)         # the runtime thread holds its first steps here
+        fed.extend(steps)
+        real(steps)
+    mon.on_steps = on_steps
+    clock.finish(mon.slot, 0.0, 0.1)
+    assert inside.wait(10)           # the runtime thread took step 1
+    clock.finish(mon.slot, 1.0, 1.1)
+    other = threading.Thread(target=rt.pump, daemon=True)
+    other.start()
+    other.join(0.3)                  # without one pump at a time it feeds step 2 now
+    release.set()
+    other.join(10)
+    assert wait_until(lambda: len(fed) == 2)
+    assert fed == [(0.0, 0.1), (1.0, 1.1)]
     rt.shutdown()
 
 
