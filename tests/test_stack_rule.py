@@ -19,3 +19,25 @@ def test_every_skip_goes_through_stack_required():
                 offenders.append(f"{path.relative_to(TESTS)}:{n}: {line.strip()}")
     assert not offenders, ("use stack_required.needs / stack_missing / import_stack_module:\n"
                            + "\n".join(offenders))
+
+
+def test_an_empty_parametrization_fails_instead_of_skipping():
+    """pytest turns an empty parameter set into a skip unless told otherwise."""
+    import configparser
+    ini = configparser.ConfigParser()
+    ini.read(TESTS.parent / "pytest.ini")
+    assert ini["pytest"].get("empty_parameter_set_mark") == "fail_at_collect"
+
+
+def test_no_controller_list_that_would_skip_the_horovodrun_tests():
+    import importlib.util
+    import pytest
+    spec = importlib.util.spec_from_file_location("hvdrun_rule", TESTS / "tf" / "hvdrun.py")
+    hvdrun = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(hvdrun)
+    parse_controllers = hvdrun.parse_controllers
+    assert parse_controllers("gloo,mpi") == ["gloo", "mpi"]
+    assert parse_controllers("mpi") == ["mpi"]
+    for bad in ("", ",", " , ", "gloo,nccl"):
+        with pytest.raises(ValueError, match="HOROVOD_PRIO_TEST_CONTROLLERS"):
+            parse_controllers(bad)

@@ -10,7 +10,19 @@ import pytest
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(HERE))
-CONTROLLERS = [c for c in os.environ.get("HOROVOD_PRIO_TEST_CONTROLLERS", "gloo,mpi").split(",") if c]
+
+
+def parse_controllers(text):
+    """``HOROVOD_PRIO_TEST_CONTROLLERS`` -> list; an empty or unknown value is an
+    error (an empty list would turn every horovodrun test into a skip)."""
+    ctls = [c.strip() for c in text.split(",") if c.strip()]
+    bad = [c for c in ctls if c not in ("gloo", "mpi")]
+    if not ctls or bad:
+        raise ValueError("HOROVOD_PRIO_TEST_CONTROLLERS=%r: give gloo, mpi or gloo,mpi" % text)
+    return ctls
+
+
+CONTROLLERS = parse_controllers(os.environ.get("HOROVOD_PRIO_TEST_CONTROLLERS", "gloo,mpi"))
 
 
 def command(args, controller="gloo", np_=2, hosts=True):
