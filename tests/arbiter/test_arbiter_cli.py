@@ -116,7 +116,7 @@ def test_cli_serves_reports_stats_and_survives_kill_restart(tmp_path, caplog):
                             "--log-level", "DEBUG", env=_env())
     p2 = None
     g = Grants()
-    c = ArbiterClient(addr, "eth1", "job-a", SECRET, g, timeout=0.2,
+    c = ArbiterClient(addr, "eth1", "job-a", SECRET, g, timeout=1.0,    # a kill resets the connection
                       backoff_initial=0.05, backoff_max=0.2)
     try:
         assert wait_until(lambda: c.connected)

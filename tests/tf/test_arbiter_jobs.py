@@ -242,7 +242,20 @@ def test_trace_shows_the_wait_for_the_arbiter(alive):
         events = load_trace(os.path.join(job["dir"], "trace.json"))
         spans = [e for e in events if e.get("cat") == "arbiter" and e.get("ph") == "X"]
         assert len(spans) == job["rank0"]["counters"]["requests"], len(spans)
-        assert all(e["name"].startswith("arbiter ") and e["dur"] >= 0 for e in spans)
+        # each span runs from its chunk's request to its release (the
+        # scheduler's instants of the same ticket)
+        inst = {}
+        for e in events:
+            if e.get("cat") == "chunk" and e.get("ph") == "i":
+                inst.setdefault((e["args"]["kind"], e["args"]["name"], e["ts"]), e["args"]["ticket"])
+        release = {t: ts for (kind, _, ts), t in inst.items() if kind == "release"}
+        for e in spans:
+            assert e["name"].startswith("arbiter "), e
+            chunk = e["name"][len("arbiter "):]
+            ticket = inst.get(("request", chunk, e["ts"]))
+            assert ticket is not None, ("no request instant where the span starts", e)
+            rel = release.get(ticket)
+            assert rel is not None and abs(e["ts"] + e["dur"] - rel) < 2, (e, rel)
 
 
 def test_only_rank0_talks_to_the_arbiter(alive):
