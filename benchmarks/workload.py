@@ -231,8 +231,9 @@ def main(argv=None) -> int:
         def on_train_end(self, logs=None):
             # Here, not after fit returns: leaving fit destroys the input
             # iterator, which has been seen to block for more than 30 s at
-            # MobileNetV2 b2048 (waiting for tf.data's prefetch thread), and the
-            # harness kills a job that lingers that long after its last step.
+            # MobileNetV2 b2048 (waiting for tf.data's prefetch thread), with
+            # plain Horovod as with horovod_prio, and the harness kills a job
+            # that lingers that long after its last step.
             out.close()
             if rank == 0 and a.meta_out:
                 meta["t_done"] = time.time()
