@@ -196,6 +196,32 @@ def test_pumps_hand_steps_to_a_monitor_in_order():
     rt.shutdown()
 
 
+def test_shutdown_returns_while_the_runtime_thread_is_stuck_in_a_pump(tmp_path):
+    """A runtime thread stuck handing steps over (its join times out) cannot
+    hang exit: the final pump gives up instead of waiting for it."""
+    rt = runtime()
+    rt.setup(cfg(trace_path=str(tmp_path / "t.json")), 0, 2)
+    clock = FakeClock()
+    _, mon = rt.identity("opt", ("k",), cfg(), 3, clock)
+    inside, release = threading.Event(), threading.Event()
+    real = mon.on_steps
+
+    def on_steps(steps):
+        if steps:
+            inside.set()
+            release.wait(60)
+        real(steps)
+    mon.on_steps = on_steps
+    clock.finish(mon.slot, 0.0, 0.1)
+    assert inside.wait(10)
+    done = threading.Thread(target=rt.shutdown, daemon=True)
+    done.start()
+    done.join(30)                    # 5 s join of the thread + at most 5 s for the pump
+    stuck = done.is_alive()
+    release.set()
+    assert not stuck
+
+
 def test_other_ranks_run_no_policy():
     rt = runtime()
     rt.setup(cfg(), 1, 2)
