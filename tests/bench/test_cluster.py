@@ -200,6 +200,14 @@ def _results():
                      "jobs": [parse_job("arb"), parse_job("arb,start=2")]}, "runs": runs}
 
 
+def test_worst_job_is_the_largest_slowdown_not_the_last_job():
+    res = _results()
+    res["runs"] = [_run("hvd", 0, 0.5, 0.5), _run("spec", 0, 0.55, 0.4, arb=True)]
+    rows, _ = cluster.summarize(res)
+    by = {r["variant"]: r for r in rows}
+    assert by["spec"]["worst_job_change"] == pytest.approx(0.1)     # job0: 0.55 vs 0.5
+
+
 def test_run_stats_shared_window_alone_steps_and_uplink_share():
     st = cluster.run_stats(_run("spec", 0, 0.4, 0.5, arb=True))
     # job1 joins 2 s later: the shared window starts at its first measured step

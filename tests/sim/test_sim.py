@@ -128,8 +128,10 @@ def test_steps_respect_compute_and_comm_floor(mode, model):
         for s in r.step_times(j):
             assert s >= floor * (1 - 1e-9)
             assert s >= prof.compute_s * (1 - 1e-9)
-    # two jobs on one link: in every window the link carried at most its capacity
+    # two jobs on one link: the link carried at most its capacity while busy
     assert r.link_busy_s <= r.makespan * (1 + 1e-9)
+    served = sum(r.link_served[j][-1][1] for j in range(2))
+    assert 0 < served <= link.bandwidth * r.link_busy_s * (1 + 1e-9)
 
 
 # ------------------------------------------------------------------ priority vs fifo
