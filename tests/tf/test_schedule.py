@@ -72,15 +72,24 @@ def test_release_order_is_highest_priority_first(run):
 
 def test_inflight_bytes_never_exceed_credit(run):
     checked = 0
+    inflight = 0                                    # replayed, not the scheduler's own count
     for e in run["events"]:
-        if e.get("cat") == "chunk" and e.get("ph") == "i" and e["args"]["kind"] == "release":
-            a = e["args"]
+        if e.get("cat") != "chunk" or e.get("ph") != "i":
+            continue
+        a = e["args"]
+        if a["kind"] == "release":
+            inflight += a["bytes"]
+            assert a["inflight_bytes"] == inflight, (a, inflight)
             # a chunk larger than the credit may only go alone
-            assert a["inflight_bytes"] <= max(CREDIT, a["bytes"]), a
+            assert inflight <= max(CREDIT, a["bytes"]), a
             if a["bytes"] > CREDIT:
-                assert a["inflight_bytes"] == a["bytes"], a
+                assert inflight == a["bytes"], a
             checked += 1
+        elif a["kind"] in ("done", "abandon"):
+            inflight -= a["bytes"]
+            assert a["inflight_bytes"] == inflight, (a, inflight)
     assert checked > 130 * 4, checked               # every release of the 130 steps
+    assert inflight == 0
 
 
 def test_only_rank0_holds_and_its_boost_reaches_its_gates(run):
