@@ -23,6 +23,10 @@ def test_rank0_tunes_its_credit_during_training(controller, tmp_path):
     for st in (r0, r1):
         assert st["submitted"] == st["released"] == st["completed"] > 0, st
         assert st["inflight_bytes"] == 0 and st["abandoned"] == 0, st
+    # every choice reached rank 0's scheduler, and the tries changed it
+    assert r0["in_force"] and all(have == chosen for have, chosen in r0["in_force"]), r0
+    assert len({chosen for _, chosen in r0["in_force"]}) >= 2, r0["in_force"]
+    assert r1["in_force"] == []                            # only rank 0 tunes
     choices = [e for e in load_trace(str(trace)) if e.get("cat") == "autotune"]
     assert len(choices) >= 3, choices                      # start, tries, keep
     assert any(e["args"]["why"].startswith("keep") for e in choices)

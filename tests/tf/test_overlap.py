@@ -556,6 +556,12 @@ def test_overlap_chunk_and_credit_defaults(tf_env, clean_env):
     credit of one chunk for the process; a given partition wins."""
     tf, hvd, overlapped = tf_env
     from horovod_prio.runtime import get_runtime
+    from horovod_prio.scheduler import UNLIMITED, Scheduler
+    rt, sched = get_runtime(), Scheduler.process()
+    # the runtime is the process's: forget what earlier tests decided, so the
+    # credit checked below is the one this test's first optimizer sets
+    clean_env.setattr(rt, "overlap_credit", None)
+    sched.configure(UNLIMITED, rt.hold)
     loss = tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True)
     rng = np.random.RandomState(0)
     x, y = rng.randn(16, 600).astype("float32"), rng.randint(0, 2, size=(16,))
@@ -579,7 +585,9 @@ def test_overlap_chunk_and_credit_defaults(tf_env, clean_env):
     kernel = (600 * 512 + 512) * 4
     assert sizes[None] == [2 * 513 * 4, kernel - (1 << 20), 1 << 20], sizes
     assert sizes["4MiB"] == [2 * 513 * 4, kernel], sizes
-    assert get_runtime().overlap_credit == 1 << 20
+    # one chunk of the first overlapped optimizer (1 MiB), kept by the second
+    assert rt.overlap_credit == 1 << 20
+    assert sched.stats()["credit_bytes"] == 1 << 20
 
 
 def test_config_field(clean_env):

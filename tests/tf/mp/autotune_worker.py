@@ -1,5 +1,8 @@
 """Runs under horovodrun: Keras fit with the credit tuner on (HOROVOD_PRIO_AUTOTUNE=1
-and an automatic credit); every rank writes its scheduler counters."""
+and an automatic credit); every rank writes its scheduler counters, and rank 0
+also, after every batch, the credit its scheduler has beside the tuner's
+latest choice (read after handing the finished steps over, with no pump
+running, so every choice made so far must be in force)."""
 import json
 import logging
 import os
@@ -11,6 +14,7 @@ import tensorflow as tf
 
 import horovod_prio.tensorflow.keras as hvd
 from horovod_prio import PriorityConfig
+from horovod_prio.runtime import get_runtime
 from horovod_prio.scheduler import Scheduler
 
 OUT = sys.argv[1]
@@ -29,8 +33,22 @@ model.compile(optimizer=opt, loss=tf.keras.losses.SparseCategoricalCrossentropy(
 n = 8 * 80
 x = np.random.RandomState(rank).randn(n, 32).astype("float32")
 y = np.random.RandomState(rank).randint(0, 8, size=n)
+in_force = []                  # (scheduler's credit, tuner's latest choice) per batch
+
+
+class CreditInForce(tf.keras.callbacks.Callback):
+    def on_train_batch_end(self, batch, logs=None):
+        rt = get_runtime()
+        if rt.tuner is None:
+            return
+        rt.pump()
+        with rt._pump_lock:        # no choice half-applied by the runtime thread
+            in_force.append((Scheduler.process().stats()["credit_bytes"],
+                             rt.tuner.choices[-1][1]))
+
+
 model.fit(x, y, batch_size=8, epochs=1, verbose=0,
-          callbacks=[hvd.callbacks.BroadcastGlobalVariablesCallback(0)])
+          callbacks=[hvd.callbacks.BroadcastGlobalVariablesCallback(0), CreditInForce()])
 with open(os.path.join(OUT, "rank%d.json" % rank), "w") as f:
-    json.dump(Scheduler.process().stats(), f)
+    json.dump(dict(Scheduler.process().stats(), in_force=in_force), f)
 print("rank %d done" % rank, flush=True)
