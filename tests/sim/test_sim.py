@@ -281,6 +281,8 @@ def test_overlap_step_time_by_hand():
     # its backward ended 0.6125 after the previous D, + the rest as above
     assert sum(steps) == pytest.approx(ov.makespan, rel=1e-12)
     assert steps[-1] > 0.73125
+    total = 12 * comm_floor(overlap_toy(), 2, link) * link.bandwidth
+    assert ov.link_served[0][-1][1] == pytest.approx(total, rel=1e-12)
 
 
 def test_overlap_without_a_credit_cannot_reorder_and_gains_nothing():
@@ -311,6 +313,8 @@ def test_overlap_respects_the_link_and_compute(mode):
         assert len(steps) == n
         assert all(s >= prof.compute_s * (1 - 1e-9) for s in steps)
         assert sum(steps) == pytest.approx(r.steps[j][-1].end - r.steps[j][0].start, rel=1e-9)
+        # the last step ended at the final flush: every byte of every step was carried
+        assert r.link_served[j][-1][1] == pytest.approx(n * floor * link.bandwidth, rel=1e-9)
     assert r.makespan - 0.05 >= 2 * n * floor * (1 - 1e-9)
 
 
