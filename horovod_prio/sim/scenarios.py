@@ -249,10 +249,15 @@ def main(argv=None) -> int:
                    help="per-collective cost before it occupies the link (e.g. 6ms; default 0)")
     p.add_argument("--arbiter-rtt", type=parse_duration, default=0.0, metavar="T",
                    help="job <-> arbiter round trip per grant (default 0)")
+    p.add_argument("--arbiter-credit", type=units.arg(units.parse_bytes, 1),
+                   default=LinkConfig.arbiter_credit, metavar="N",
+                   help="granted-but-unfinished bytes on the link (the arbiter's "
+                        "--credit-bytes; default 8MiB, its default)")
     p.add_argument("--out", default=None)
     a = p.parse_args(argv)
     link = LinkConfig(bandwidth=parse_rate(a.bandwidth), topology=a.topology,
-                      collective_overhead=a.collective_overhead, arbiter_rtt=a.arbiter_rtt)
+                      collective_overhead=a.collective_overhead, arbiter_rtt=a.arbiter_rtt,
+                      arbiter_credit=a.arbiter_credit)
     prof = get_profile(a.model)
     pcfg = PriorityConfig.from_env({}, relative_coefficient=0.1, count_threshold=10,
                                    warmup_batches=2)

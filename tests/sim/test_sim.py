@@ -689,7 +689,18 @@ def test_scenarios_cli_records_its_command_and_takes_the_job_side_costs(tmp_path
     assert b0["speedup_vs_staggered"] == pytest.approx(
         b0["hvd_staggered_mean_s"] / b0["prio_mean_s"])
     assert "staggered" in (tmp_path / "a" / "scenarios.md").read_text()
-    capsys.readouterr()
-    with pytest.raises(SystemExit):
-        scenarios.main(["--arbiter-rtt", "soon"])
-    assert "--arbiter-rtt" in capsys.readouterr().err
+    # the arbiter's credit (default its own 8 MiB): one chunk at a time leaves
+    # the link idle between grants; plain Horovod asks no arbiter
+    tight = run(tmp_path / "c", "--arbiter-credit", "1KiB")
+    assert "--arbiter-credit 1KiB" in tight["command"]
+    t0 = tight["results"][0]
+    assert t0["prio_mean_s"] > 1.02 * b0["prio_mean_s"], (t0, b0)
+    assert t0["link_busy"]["prio"] < b0["link_busy"]["prio"]
+    assert t0["hvd_mean_s"] == b0["hvd_mean_s"]
+    for flag, bad in (("--arbiter-rtt", "soon"), ("--arbiter-credit", "0"),
+                      ("--arbiter-credit", "lots")):
+        capsys.readouterr()
+        with pytest.raises(SystemExit):
+            scenarios.main([flag, bad])
+        err = capsys.readouterr().err
+        assert flag in err and repr(bad) in err, err
