@@ -52,7 +52,8 @@ def build_parser():
     p.add_argument("--credit-bytes", type=_bytes, default=8 << 20, metavar="N",
                    help="granted-but-unfinished bytes allowed per link (default 8MiB: two "
                         "chunks of the default partition, so a priority class or a boost "
-                        "preempts within one chunk)")
+                        "preempts within one chunk; about 5-7 ms of the link's rate serves "
+                        "best, e.g. 16MiB for 25 Gbit/s: docs/sim.md)")
     p.add_argument("--link-credit", type=_link_credit, action="append", default=[], metavar="LINK=N",
                    help="credit for one link (repeatable)")
     p.add_argument("--lease-seconds", type=_seconds, default=10.0, metavar="S",
