@@ -12,6 +12,7 @@ import time
 import pytest
 
 from horovod_prio.arbiter.client import ArbiterClient
+from waiting import wait_until
 
 pytestmark = pytest.mark.timeout(40)
 
@@ -45,15 +46,6 @@ def start_arbiter(*args, env=None):
         p.kill()
         raise AssertionError("arbiter did not start: %r %r" % (line, p.stderr.read()))
     return p, (m.group(1), int(m.group(2)))
-
-
-def wait_until(pred, timeout=10.0):
-    end = time.monotonic() + timeout
-    while time.monotonic() < end:
-        if pred():
-            return True
-        time.sleep(0.01)
-    return pred()
 
 
 class Grants:

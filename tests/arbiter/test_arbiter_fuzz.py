@@ -3,7 +3,6 @@ a running arbiter over real loopback sockets. It never crashes, never answers
 an unauthenticated peer with anything but its challenge and a rejection (so
 never grants to one), and keeps serving an honest job after every example."""
 import socket
-import time
 
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -12,19 +11,11 @@ from hypothesis import strategies as st
 from horovod_prio.arbiter import protocol as P
 from horovod_prio.arbiter.client import ArbiterClient
 from horovod_prio.arbiter.server import ArbiterServer
+from waiting import wait_until
 
 pytestmark = pytest.mark.timeout(120)
 
 SECRET = b"fuzz-secret-of-sufficient-length"
-
-
-def wait_until(pred, timeout=5.0):
-    end = time.monotonic() + timeout
-    while time.monotonic() < end:
-        if pred():
-            return True
-        time.sleep(0.002)
-    return pred()
 
 
 def drain(s, timeout=2.0):

@@ -8,6 +8,7 @@ import pytest
 
 from horovod_prio.runtime import Runtime
 from horovod_prio.runtime.overlap import OverlapWorker, trace_events
+from waiting import wait_until
 
 
 class FakeChannel:
@@ -63,13 +64,6 @@ class FakeChannel:
             self.cv.notify_all()
 
 
-def wait_until(pred, timeout=10.0):
-    deadline = time.time() + timeout
-    while not pred():
-        assert time.time() < deadline
-        time.sleep(0.01)
-
-
 def test_worker_runs_steps_in_order_and_stops_on_close():
     ch = FakeChannel()
     w = OverlapWorker("fake", ch, ch.step_fn)
@@ -87,7 +81,7 @@ def test_a_failed_update_fails_the_channel_with_its_message():
     w.start()
     ch.post(1)
     ch.post("boom")
-    wait_until(lambda: not w.alive)
+    assert wait_until(lambda: not w.alive)
     assert ch.state() == "failed" and ch.applied == 1
     assert ch.error() == ("the background update of step 2 failed: ValueError: allreduce failed")
     assert w.error == ch.error()

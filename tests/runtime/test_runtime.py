@@ -11,6 +11,7 @@ from horovod_prio.method.config import PriorityConfig
 from horovod_prio.runtime.runtime import Runtime
 from horovod_prio.runtime.trace import load_trace
 from horovod_prio.scheduler import UNLIMITED, Scheduler
+from waiting import wait_until
 
 pytestmark = pytest.mark.scheduler_lib
 
@@ -55,15 +56,6 @@ class FakeClock:
 
 def cfg(**kw):
     return PriorityConfig.from_env({}, **kw)
-
-
-def wait_until(pred, timeout=10.0):
-    end = time.monotonic() + timeout
-    while not pred():
-        if time.monotonic() > end:
-            return False
-        time.sleep(0.005)
-    return True
 
 
 def runtime():
