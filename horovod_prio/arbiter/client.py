@@ -10,6 +10,10 @@ reused -- the scheduler's ticket); the key is also the wire token.
   cancelled first, always from the client's I/O thread and never while the
   client holds its lock (``on_grant`` may call the client).
 * ``complete(key)``: the granted chunk finished.
+* A request still waiting after ``max_wait`` s is cancelled at the arbiter
+  and granted locally (one warning); the wait counts only while none of this
+  job's own grants is outstanding (those hold credit until the job's slowest
+  rank joins their allreduce: the job then waits on itself).
 * ``cancel(key)``: withdraw a request: a pending one is dropped at the arbiter
   at once (CANCEL), a granted one is released like a completion. No
   ``on_grant(key)`` starts after ``cancel(key)`` returned, even if a GRANT
@@ -136,6 +140,7 @@ class ArbiterClient:
         self._outage_warned = False
         self._maxwait_warned = False
         self._reqs = {}                             # key -> _Req, until completed/cancelled
+        self._own_clear_t = 0.0         # since then none of this job's grants is outstanding
         self._waiting = collections.OrderedDict()   # key -> _Req not granted yet, request order
         self._unacked = collections.OrderedDict()   # key -> ack deadline, send order
         self._held = collections.OrderedDict()      # key -> renewal due, arbiter grants held
@@ -289,6 +294,8 @@ class ArbiterClient:
         """Drop a completed/cancelled request; tell the arbiter if it knows it."""
         del self._reqs[req.key]
         self._waiting.pop(req.key, None)
+        if req.state == _GRANTED and len(self._reqs) == len(self._waiting):
+            self._own_clear_t = time.monotonic()
         self._unacked.pop(req.key, None)
         self._held.pop(req.key, None)
         if self._state == READY and req.session == self._session_no and req.state != _HELD:
@@ -440,10 +447,14 @@ class ArbiterClient:
                 nxt = min(nxt, now + limit)
             else:
                 nxt = min(nxt, t_ping)
-        while self._waiting:
+        # max_wait: a request waits on the arbiter only while none of this
+        # job's own grants is outstanding (else it may wait on this job: a late
+        # rank holds the job's granted chunks, and with them the link's credit)
+        while self._waiting and len(self._reqs) == len(self._waiting):
             req = next(iter(self._waiting.values()))
-            if req.t + self.max_wait > now:
-                nxt = min(nxt, req.t + self.max_wait)
+            due = max(req.t, self._own_clear_t) + self.max_wait
+            if due > now:
+                nxt = min(nxt, due)
                 break
             self._max_wait(req, now)
         while self._held:

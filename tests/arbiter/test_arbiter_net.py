@@ -15,6 +15,7 @@ import pytest
 from horovod_prio.arbiter import protocol as P
 from horovod_prio.arbiter.client import ArbiterClient, fetch_stats
 from horovod_prio.arbiter.server import ArbiterServer
+from waiting import wait_until
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -66,15 +67,6 @@ class Grants:
     def count(self):
         with self.cv:
             return collections.Counter(self.calls)
-
-
-def wait_until(pred, timeout=5.0, step=0.005):
-    end = time.monotonic() + timeout
-    while time.monotonic() < end:
-        if pred():
-            return True
-        time.sleep(step)
-    return pred()
 
 
 class Reader(P.FrameReader):
@@ -377,6 +369,33 @@ def test_max_wait_cancels_and_grants_locally_once(server_factory, client_factory
     st = link_stats(srv)                     # the cancelled request is gone, not granted late
     assert st["pending"] == 0 and st["grants_per_job"] == {"A": 1}
     assert gb.calls == ["b"] and b.connected
+    assert sum("waited more than" in r.getMessage() for r in caplog.records) == 1
+
+
+def test_max_wait_counts_only_while_none_of_the_jobs_own_grants_is_outstanding(
+        server_factory, client_factory, caplog):
+    """B's granted chunk holds part of the credit (in a real job: until B's
+    late rank joins its allreduce); B's next request waits behind it and A's
+    chunk. That wait is on B itself, not the arbiter: no local grant however
+    long; max_wait counts from B's last own completion."""
+    srv = server_factory(credit_bytes=150)
+    a, ga = client_factory(srv.address, "A")
+    b, gb = client_factory(srv.address, "B", max_wait=1.0)
+    b.request(key("own"), 1, 50)
+    assert gb.wait_for("own")
+    a.request(key("hold"), 9, 100)
+    assert ga.wait_for("hold")
+    with caplog.at_level(logging.WARNING, logger=LOGGER):
+        b.request(key("b"), 1, 100)                  # 150 in flight: queued
+        assert wait_until(lambda: link_stats(srv)["pending"] == 1)
+        time.sleep(1.5)                              # > max_wait
+        assert gb.calls == ["own"] and b.counters["max_wait_cancels"] == 0
+        t0 = time.monotonic()
+        b.complete(key("own"))                       # 100 in flight: "b" still does not fit
+        assert gb.wait_for("b")
+        waited = time.monotonic() - t0
+    assert waited >= 1.0, waited                     # counted from the completion
+    assert b.counters["max_wait_cancels"] == 1 and b.counters["fallback_grants"] == 1
     assert sum("waited more than" in r.getMessage() for r in caplog.records) == 1
 
 
