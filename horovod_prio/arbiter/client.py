@@ -251,7 +251,7 @@ class ArbiterClient:
         with self._lock:
             d = dict(self._c)
             d["pending"] = len(self._waiting)
-            d["outstanding"] = len(self._reqs) - len(self._waiting)
+            d["outstanding"] = self._outstanding()
         return d
 
     def __enter__(self):
@@ -266,6 +266,10 @@ class ArbiterClient:
             self._wake_w.send(b"\0")
         except OSError:
             pass
+
+    def _outstanding(self):
+        """This job's grants not completed or cancelled yet."""
+        return len(self._reqs) - len(self._waiting)
 
     def _needs_io(self):
         """After a caller-thread write: must the I/O thread act (flush, fail, deliver)?"""
@@ -294,7 +298,7 @@ class ArbiterClient:
         """Drop a completed/cancelled request; tell the arbiter if it knows it."""
         del self._reqs[req.key]
         self._waiting.pop(req.key, None)
-        if req.state == _GRANTED and len(self._reqs) == len(self._waiting):
+        if req.state == _GRANTED and not self._outstanding():
             self._own_clear_t = time.monotonic()
         self._unacked.pop(req.key, None)
         self._held.pop(req.key, None)
@@ -450,7 +454,7 @@ class ArbiterClient:
         # max_wait: a request waits on the arbiter only while none of this
         # job's own grants is outstanding (else it may wait on this job: a late
         # rank holds the job's granted chunks, and with them the link's credit)
-        while self._waiting and len(self._reqs) == len(self._waiting):
+        while self._waiting and not self._outstanding():
             req = next(iter(self._waiting.values()))
             due = max(req.t, self._own_clear_t) + self.max_wait
             if due > now:
