@@ -31,13 +31,15 @@ steps before it joined). Written to ``DIR/sim_check.md`` / ``.json``
 
 ``--calibrate ALONE`` measures the simulator's two job-side costs on another
 testbed run, one job alone with the variants ``hvd,prio,spec`` (same rate,
-batch and pinning): the compute scale on ``hvd``, then the per-collective
-overhead (Horovod's negotiation and the ranks' per-op work, which a chunked
-step pays once per chunk) on ``prio``, then the job-to-arbiter round trip on
-``spec``, each by bisection on that job's step time. The two costs then go
-into every simulated variant of ``DIR`` (only its compute scale is fitted
-there), so the two-job rows are predictions from one job measured alone.
-``--collective-overhead`` / ``--arbiter-rtt`` give the costs directly.
+batch and pinning): the compute scale on ``hvd``, then horovod_prio's per-step
+cost (what its step costs beyond plain Horovod's: the model runs the same
+fused collectives for both when nothing holds chunks back; at least 0) on
+``prio``, then the job-to-arbiter round trip on ``spec``, each by bisection on
+that job's step time. The two costs then go into every horovod_prio variant
+of ``DIR`` (only its compute scale is fitted there), so the two-job rows are
+predictions from one job measured alone. ``--step-cost`` / ``--arbiter-rtt``
+give the costs directly; ``--collective-overhead`` adds a cost per collective
+to every variant, plain Horovod's included.
 ``--compute-scale calibrated`` also takes the compute scale from ALONE instead
 of fitting it on ``DIR``'s plain Horovod run (with one core per job, a job's
 compute does not depend on the other job), so that the plain-Horovod rows are
@@ -175,12 +177,12 @@ def _sim_stats(r, jobs, warmup):
     return out
 
 
-def _link(meta, overhead: float = 0.0, rtt: float = 0.0) -> LinkConfig:
+def _link(meta, overhead: float = 0.0, rtt: float = 0.0, step: float = 0.0) -> LinkConfig:
     return LinkConfig(bandwidth=netns.parse_rate(meta["rate"]) / 8, topology="nic",
                       arbiter_credit=int(meta.get("arbiter_credit") or 8 << 20),
                       arbiter_order=meta.get("arbiter_order") or "burst",
                       starvation_bound=int(meta.get("starvation_bound", 8)),
-                      collective_overhead=overhead, arbiter_rtt=rtt)
+                      collective_overhead=overhead, arbiter_rtt=rtt, step_overhead=step)
 
 
 def _bisect(err, lo, hi, geometric=False, n=40):
@@ -204,16 +206,16 @@ def _runner(results, profile, pcfg, phases=None):
     warmup = int(meta["warmup"])
     phases = phases or {}
 
-    def once(variant, k, overhead, rtt, offsets):
+    def once(variant, k, overhead, rtt, step, offsets):
         jobs, mode = _sim_jobs(results, variant, _scaled(profile, k), offsets)
-        r = simulate(jobs, mode, _link(meta, overhead, rtt), pcfg)
-        return r, jobs
+        link = _link(meta, overhead, rtt, step if variant != "hvd" else 0.0)
+        return simulate(jobs, mode, link, pcfg), jobs
 
     def sim_phase(r):
         return _phase_of([[(s.start, s.end) for s in st[warmup:]] for st in r.steps])
 
-    def at_phase(variant, k, overhead, rtt, want):
-        r, jobs = once(variant, k, overhead, rtt, None)
+    def at_phase(variant, k, overhead, rtt, step, want):
+        r, jobs = once(variant, k, overhead, rtt, step, None)
         if want and len(want) == len(jobs):
             # a job's simulated phase is not a simple function of its start offset (the
             # step itself depends on the phase): try _PHASE_GRID offsets over one step for
@@ -225,7 +227,7 @@ def _runner(results, profile, pcfg, phases=None):
                 for g in range(_PHASE_GRID):
                     offs = list(offsets)
                     offs[i] = offsets[0] + period * g / _PHASE_GRID
-                    rg, jg = once(variant, k, overhead, rtt, offs)
+                    rg, jg = once(variant, k, overhead, rtt, step, offs)
                     got = sim_phase(rg)
                     if got:
                         d = abs(((want[i] - got[i] + 0.5) % 1.0) - 0.5)
@@ -238,10 +240,12 @@ def _runner(results, profile, pcfg, phases=None):
             st["phase"] = got[i] if got else None
         return stats
 
-    def run(variant, k, overhead=0.0, rtt=0.0):
+    def run(variant, k, overhead=0.0, rtt=0.0, step=0.0):
         """Per job: the median over the variant's repeats (each simulated at its own
-        testbed phase) of the shared / alone step, and each repeat's simulated phase."""
-        reps = [at_phase(variant, k, overhead, rtt, w) for w in phases.get(variant) or [None]]
+        testbed phase) of the shared / alone step, and each repeat's simulated phase.
+        ``step``: horovod_prio's per-step cost, on every variant but plain Horovod."""
+        reps = [at_phase(variant, k, overhead, rtt, step, w)
+                for w in phases.get(variant) or [None]]
         return [{"shared": _med([rp[i]["shared"] for rp in reps]),
                  "alone": _med([rp[i]["alone"] for rp in reps]),
                  "phase": [rp[i]["phase"] for rp in reps]} for i in range(len(reps[0]))]
@@ -260,9 +264,14 @@ def _fit_error(run, variant, target, kw, window=None):
     return err
 
 
-def calibrate(alone: dict, profile: Profile, pcfg: PriorityConfig | None = None) -> dict:
-    """Per-collective overhead and arbiter round trip from one job measured alone
-    (a ``benchmarks.cluster`` run with one job and the variants hvd, prio, spec)."""
+def calibrate(alone: dict, profile: Profile, pcfg: PriorityConfig | None = None,
+              overhead: float = 0.0) -> dict:
+    """horovod_prio's per-step cost and the arbiter round trip from one job measured
+    alone (a ``benchmarks.cluster`` run with one job and the variants hvd, prio, spec),
+    after the compute scale on hvd. Each is one number fitted on one variant: the
+    model runs prio's step as plain Horovod's (the same fused collectives; nothing
+    holds chunks back without an arbiter), so what prio costs beyond hvd alone is a
+    per-step cost, and what spec costs beyond prio is the grants' round trip."""
     meta = alone["meta"]
     if len(meta["jobs"]) != 1:
         raise ValueError("--calibrate: expected a run with one job, got %d" % len(meta["jobs"]))
@@ -276,17 +285,16 @@ def calibrate(alone: dict, profile: Profile, pcfg: PriorityConfig | None = None)
                          "arbiter), got %r" % meta["jobs"][0].get("impl"))
     pcfg = pcfg or PriorityConfig.from_env({}, **_job_env(meta))
     run = _runner(alone, profile, pcfg)
-    # plain Horovod pays the per-collective overhead too (once per fused buffer):
-    # alternate the two fits until they agree
-    ov = 0.0
-    for _ in range(5):
-        k = _bisect(_fit_error(run, "hvd", measured["hvd"],
-                               kw=lambda x: {"k": x, "overhead": ov}), 0.05, 20.0, geometric=True)
-        ov = _bisect(_fit_error(run, "prio", measured["prio"],
-                                kw=lambda x: {"k": k, "overhead": x}), 0.0, 0.2)
+    k = _bisect(_fit_error(run, "hvd", measured["hvd"], kw=lambda x: {"k": x, "overhead": overhead}),
+                0.05, 20.0, geometric=True)
+    # 0 when prio measured no slower than hvd (a negative cost would be a speed-up the
+    # model has no cause for)
+    step = _bisect(_fit_error(run, "prio", measured["prio"],
+                              kw=lambda x: {"k": k, "overhead": overhead, "step": x}), 0.0, 0.5)
     rtt = _bisect(_fit_error(run, "spec", measured["spec"],
-                             kw=lambda x: {"k": k, "overhead": ov, "rtt": x}), 0.0, 0.2)
-    return {"compute_scale": k, "collective_overhead": ov, "arbiter_rtt": rtt,
+                             kw=lambda x: {"k": k, "overhead": overhead, "step": step,
+                                           "rtt": x}), 0.0, 0.2)
+    return {"compute_scale": k, "step_cost": step, "arbiter_rtt": rtt,
             "command": meta.get("command"), "git": meta.get("git"), "date": meta.get("date"),
             "measured": {v: measured[v][0]["alone"] or measured[v][0]["shared"]
                          for v in ("hvd", "prio", "spec")}}
@@ -294,7 +302,7 @@ def calibrate(alone: dict, profile: Profile, pcfg: PriorityConfig | None = None)
 
 def check(results: dict, profile: Profile, pcfg: PriorityConfig | None = None,
           overhead: float = 0.0, rtt: float = 0.0, compute_scale: float | None = None,
-          phase: bool = True) -> dict:
+          phase: bool = True, step: float = 0.0) -> dict:
     """Every variant of ``results`` in the simulator. The compute scale is fitted on
     plain Horovod unless ``compute_scale`` is given; then every row is a prediction.
     ``phase``: jobs that start together start in the simulator at the relative
@@ -312,12 +320,12 @@ def check(results: dict, profile: Profile, pcfg: PriorityConfig | None = None,
     run = _runner(results, profile, pcfg, phases)
     fit = compute_scale is None
     k = compute_scale if not fit else _bisect(_fit_error(run, "hvd", measured["hvd"],
-                           kw=lambda x: {"k": x, "overhead": overhead, "rtt": rtt},
+                           kw=lambda x: {"k": x, "overhead": overhead},
                            window="alone" if joined else None),
                 0.05, 20.0, geometric=True)
     rows, sim_phases = [], {}
     for v, meas in measured.items():
-        sim = run(v, k, overhead, rtt)
+        sim = run(v, k, overhead, rtt, step)
         if v in phases:
             sim_phases[v] = [s.get("phase") for s in sim]     # per job, per repeat
         for i, (m, s) in enumerate(zip(meas, sim)):
@@ -329,7 +337,7 @@ def check(results: dict, profile: Profile, pcfg: PriorityConfig | None = None,
                              "fitted": fit and v == "hvd"})
     return {"compute_scale": k, "compute_scale_fitted": fit, "phases": phases,
             "sim_phases": sim_phases,
-            "collective_overhead": overhead, "arbiter_rtt": rtt,
+            "collective_overhead": overhead, "arbiter_rtt": rtt, "step_cost": step,
             "rows": rows, "command": meta.get("command"), "git": meta.get("git"),
             "date": meta.get("date")}
 
@@ -369,15 +377,18 @@ def markdown(res: dict) -> str:
     cal = res.get("calibration")
     if cal:
         lines += ["Job-side costs calibrated on one job alone, `%s` (git %s, %s): compute scale "
-                  "%.2f on hvd (%.3f s/step), per-collective overhead %.1f ms on prio (%.3f "
-                  "s/step), arbiter round trip %.1f ms on spec (%.3f s/step)." % (
+                  "%.2f on hvd (%.3f s/step), horovod_prio's per-step cost %.1f ms on prio "
+                  "(%.3f s/step), arbiter round trip %.1f ms on spec (%.3f s/step)." % (
                       cal["command"], cal["git"], cal["date"], cal["compute_scale"],
-                      cal["measured"]["hvd"], 1e3 * cal["collective_overhead"],
+                      cal["measured"]["hvd"], 1e3 * cal["step_cost"],
                       cal["measured"]["prio"], 1e3 * cal["arbiter_rtt"],
                       cal["measured"]["spec"]), ""]
-    elif res.get("collective_overhead") or res.get("arbiter_rtt"):
-        lines += ["Job-side costs given: per-collective overhead %.1f ms, arbiter round trip "
-                  "%.1f ms." % (1e3 * res["collective_overhead"], 1e3 * res["arbiter_rtt"]), ""]
+    if res.get("collective_overhead") or (not cal and (res.get("arbiter_rtt")
+                                                       or res.get("step_cost"))):
+        lines += ["Job-side costs given: per-collective overhead %.1f ms (every variant), "
+                  "horovod_prio's per-step cost %.1f ms, arbiter round trip %.1f ms." % (
+                      1e3 * res["collective_overhead"], 1e3 * res.get("step_cost", 0.0),
+                      1e3 * res["arbiter_rtt"]), ""]
     sim = res.get("simulated")
     if sim:
         lines += ["Simulated %s at git %s: `python -m benchmarks.sim_check %s`." % (
@@ -407,10 +418,14 @@ def main(argv=None) -> int:
                    help="profile JSON of the model at the run's batch (benchmarks.profile_model)")
     p.add_argument("--calibrate", metavar="ALONE",
                    help="a benchmarks.cluster folder with one arb job alone and the variants "
-                        "hvd,prio,spec: measure the per-collective overhead and the arbiter "
+                        "hvd,prio,spec: measure horovod_prio's per-step cost and the arbiter "
                         "round trip there")
     p.add_argument("--collective-overhead", type=parse_duration, default=0.0, metavar="T",
-                   help="per-collective overhead, e.g. 6ms (default 0)")
+                   help="per-collective overhead on every variant, plain Horovod's included, "
+                        "e.g. 6ms (default 0)")
+    p.add_argument("--step-cost", type=parse_duration, default=0.0, metavar="T",
+                   help="horovod_prio's per-step cost beyond plain Horovod's, on every "
+                        "variant but hvd, e.g. 20ms (default 0)")
     p.add_argument("--arbiter-rtt", type=parse_duration, default=0.0, metavar="T",
                    help="job-to-arbiter round trip, e.g. 2ms (default 0)")
     p.add_argument("--compute-scale", metavar="K|calibrated", default=None,
@@ -423,8 +438,8 @@ def main(argv=None) -> int:
     p.add_argument("--no-write", action="store_true",
                    help="print the table only; DIR/sim_check.md and .json stay as they are")
     a = p.parse_args(argv)
-    if a.calibrate and (a.collective_overhead or a.arbiter_rtt):
-        p.error("argument --calibrate: not with --collective-overhead / --arbiter-rtt "
+    if a.calibrate and (a.step_cost or a.arbiter_rtt):
+        p.error("argument --calibrate: not with --step-cost / --arbiter-rtt "
                 "(it measures them)")
     k = a.compute_scale
     if k is not None and k != "calibrated":
@@ -446,15 +461,16 @@ def main(argv=None) -> int:
     cal = None
     if a.calibrate:
         try:
-            cal = calibrate(_load(p, Path(a.calibrate), "--calibrate"), profile)
+            cal = calibrate(_load(p, Path(a.calibrate), "--calibrate"), profile,
+                            overhead=a.collective_overhead)
         except ValueError as e:
             p.error(str(e))
-        a.collective_overhead, a.arbiter_rtt = cal["collective_overhead"], cal["arbiter_rtt"]
+        a.step_cost, a.arbiter_rtt = cal["step_cost"], cal["arbiter_rtt"]
         if k == "calibrated":
             k = cal["compute_scale"]
     try:
         res = check(results, profile, overhead=a.collective_overhead, rtt=a.arbiter_rtt,
-                    compute_scale=k, phase=not a.no_phase)
+                    compute_scale=k, phase=not a.no_phase, step=a.step_cost)
     except ValueError as e:
         p.error(f"argument dir: {e}")
     if cal:

@@ -22,10 +22,11 @@ Model (see docs/sim.md for the discussion):
   per-op work of the ranks, measured on a testbed; default 0) before it
   occupies the link, holding the job's one collective slot meanwhile.
 * **Horovod engine per job** (all modes): a background loop with a cycle
-  time; each cycle takes every submitted tensor/chunk, and executes them one
-  collective after the other (Horovod runs one collective at a time).
-  ``fifo`` fuses the tensors of a cycle in ready order into buffers of at
-  most ``fusion_threshold`` bytes.
+  time; each cycle takes every submitted tensor/chunk, fuses them in the
+  order they came into buffers of at most ``fusion_threshold`` bytes, and
+  executes the buffers one collective after the other (Horovod runs one
+  collective at a time). A released chunk is one ``HorovodAllreduce`` tensor
+  like any gradient: chunks released in the same cycle share a collective.
 * **Priority release** (``priority``, ``arbiter``, ``adaptive``): the chunks
   are the product's chunk plan (:func:`horovod_prio.method.plan.make_plan`,
   the one the TensorFlow binding builds its graph from); a chunk is ready when
@@ -565,25 +566,25 @@ class _Job:
         if not self.hq:
             return
         items, self.hq = self.hq, []
+        # Horovod fuses the tensors of a cycle, in the order they came, into
+        # buffers of at most fusion_threshold: plain gradients and released
+        # chunks alike (a chunk is one HorovodAllreduce tensor)
         msgs = []
-        if self.mode == "fifo":
-            buf, nb = 0, 0
-            for b, _, _ in items:
-                if nb and buf + b > self.cfg.fusion_threshold:
-                    msgs.append(self._msg(buf, 0, nb))
-                    buf, nb = 0, 0
-                buf += b
-                nb += 1
-            msgs.append(self._msg(buf, 0, nb))
-        else:
-            msgs = [self._msg(b, prio, 1, tok) for b, prio, tok in items]
+        buf, toks = 0, []
+        for b, _, tok in items:
+            if toks and buf + b > self.cfg.fusion_threshold:
+                msgs.append(self._msg(buf, toks))
+                buf, toks = 0, []
+            buf += b
+            toks.append(tok)
+        msgs.append(self._msg(buf, toks))
         self.cycle_list = msgs
         self.busy = True
         self._run_next()
 
-    def _msg(self, nbytes, prio, units, token=None):
-        m = _Msg(self.idx, nbytes, nbytes * self.byte_factor, prio, units, self._msg_done)
-        m.token = token
+    def _msg(self, nbytes, tokens):
+        m = _Msg(self.idx, nbytes, nbytes * self.byte_factor, 0, len(tokens), self._msg_done)
+        m.token = tokens
         return m
 
     def _run_next(self):
@@ -606,17 +607,19 @@ class _Job:
         if not self.overlap:
             self.outstanding -= msg.units
         if self.sched is not None:
-            ticket = msg.token
-            self.ticket_bytes.pop(ticket)
-            self.sched.complete_ticket(ticket)
-            # as in the product: the requests this completion unblocks reach
-            # the arbiter before the completion itself
+            for ticket in msg.token:
+                self.ticket_bytes.pop(ticket)
+                self.sched.complete_ticket(ticket)
+            # as in the product: the requests these completions unblock reach
+            # the arbiter before the completions themselves
             self._pump()
             if self.arbiter is not None:
-                self.arbiter.done(self, ticket)
+                for ticket in msg.token:
+                    self.arbiter.done(self, ticket)
             if self.overlap:
                 self._run_next()
-                self._chunk_done(ticket)
+                for ticket in msg.token:
+                    self._chunk_done(ticket)
                 return
         self._run_next()
         self._maybe_end()

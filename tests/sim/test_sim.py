@@ -82,6 +82,21 @@ def test_collective_overhead_is_paid_once_per_collective():
         assert t1 - t0 == pytest.approx(collectives * 0.004, rel=1e-9)
 
 
+def test_chunks_released_in_one_cycle_share_a_collective():
+    """As in Horovod, the chunks the scheduler releases in one cycle are fused
+    like any tensors: all three ready at once pay one collective's overhead, as
+    plain Horovod's fused step does; with fusion off, one each."""
+    prof = toy(bwd=(0.0, 0.0, 0.0), params=(100_000, 200_000, 300_000))
+    for threshold, collectives in ((128 << 20, 1), (1, 3)):
+        base = LinkConfig(bandwidth=1e8, latency=1e-4, cycle_time=0.0,
+                          fusion_threshold=threshold)
+        slow = LinkConfig(**dict(vars(base), collective_overhead=0.004))
+        for mode in ("fifo", "priority"):
+            t0 = simulate([JobSpec(prof, 2, 3)], mode, base, pcfg()).step_times(0)[-1]
+            t1 = simulate([JobSpec(prof, 2, 3)], mode, slow, pcfg()).step_times(0)[-1]
+            assert t1 - t0 == pytest.approx(collectives * 0.004, rel=1e-9), (mode, threshold)
+
+
 def test_arbiter_rtt_delays_each_grant_by_the_round_trip():
     """One chunk per step: the request reaches the arbiter half a round trip
     after the job sent it, the grant the job half a round trip after that."""
