@@ -89,6 +89,23 @@ def _measured(results: dict) -> dict:
     return out
 
 
+def _measured_comm(results: dict, variant: str) -> float | None:
+    """Job 0's time with a released chunk in flight per measured step (its rank-0
+    trace's "allreduce" spans, union; ``arbiter_waits[job]["allreduce_union_s"]``,
+    recorded since 2026-12-04), median over the variant's repeats; None if not
+    recorded."""
+    xs = []
+    for r in results["runs"]:
+        if r.get("variant") != variant or r.get("status") != "ok" or not r.get("jobs"):
+            continue
+        j = r["jobs"][0]
+        aw = (r.get("arbiter_waits") or {}).get(j["name"]) or {}
+        n = len(report.measured_steps(j))
+        if aw.get("allreduce_union_s") is not None and n:
+            xs.append(aw["allreduce_union_s"] / n)
+    return _med(xs)
+
+
 def phase_fractions(run: dict) -> list[float] | None:
     """Where each job's steps sit in job 0's step cycle during the shared window
     of one testbed run: for every measured step start of job i, the time since
@@ -167,13 +184,17 @@ def _sim_stats(r, jobs, warmup):
         lo, hi = max(s[0][0] for s in steps), min(s[-1][1] for s in steps)
         win = (lo, hi) if hi > lo else None
     out = []
-    for st in steps:
+    for i, st in enumerate(steps):
+        comm = None
+        if st and i < len(r.comm_spans):
+            lo, hi = st[0][0], st[-1][1]
+            comm = sum(max(0.0, min(b, hi) - max(a, lo)) for a, b in r.comm_spans[i]) / len(st)
         if win:
             sh = [e - s for s, e in st if s >= win[0] - 1e-9 and e <= win[1] + 1e-9]
             al = [e - s for s, e in st if e <= win[0] + 1e-9 or s >= win[1] - 1e-9]
         else:
             sh, al = [e - s for s, e in st], []
-        out.append({"shared": _med(sh), "alone": _med(al)})
+        out.append({"shared": _med(sh), "alone": _med(al), "comm": comm})
     return out
 
 
@@ -248,6 +269,7 @@ def _runner(results, profile, pcfg, phases=None):
                 for w in phases.get(variant) or [None]]
         return [{"shared": _med([rp[i]["shared"] for rp in reps]),
                  "alone": _med([rp[i]["alone"] for rp in reps]),
+                 "comm": _med([rp[i]["comm"] for rp in reps]),
                  "phase": [rp[i]["phase"] for rp in reps]} for i in range(len(reps[0]))]
     return run
 
@@ -265,13 +287,19 @@ def _fit_error(run, variant, target, kw, window=None):
 
 
 def calibrate(alone: dict, profile: Profile, pcfg: PriorityConfig | None = None,
-              overhead: float = 0.0) -> dict:
+              overhead: float | None = None) -> dict:
     """horovod_prio's per-step cost and the arbiter round trip from one job measured
     alone (a ``benchmarks.cluster`` run with one job and the variants hvd, prio, spec),
     after the compute scale on hvd. Each is one number fitted on one variant: the
     model runs prio's step as plain Horovod's (the same fused collectives; nothing
     holds chunks back without an arbiter), so what prio costs beyond hvd alone is a
-    per-step cost, and what spec costs beyond prio is the grants' round trip."""
+    per-step cost, and what spec costs beyond prio is the grants' round trip.
+
+    The per-collective overhead (``overhead``, None: measure it) is fitted, in turn
+    with the compute scale, on the time job 0 had a released chunk in flight per
+    step (``prio``'s, else ``spec``'s; :func:`_measured_comm`): what its collectives
+    took beyond their bytes on the wire. Runs recorded before that was (before
+    2026-12-04) give none: then 0."""
     meta = alone["meta"]
     if len(meta["jobs"]) != 1:
         raise ValueError("--calibrate: expected a run with one job, got %d" % len(meta["jobs"]))
@@ -285,8 +313,23 @@ def calibrate(alone: dict, profile: Profile, pcfg: PriorityConfig | None = None,
                          "arbiter), got %r" % meta["jobs"][0].get("impl"))
     pcfg = pcfg or PriorityConfig.from_env({}, **_job_env(meta))
     run = _runner(alone, profile, pcfg)
-    k = _bisect(_fit_error(run, "hvd", measured["hvd"], kw=lambda x: {"k": x, "overhead": overhead}),
-                0.05, 20.0, geometric=True)
+    def fit_k(ov):
+        return _bisect(_fit_error(run, "hvd", measured["hvd"],
+                                  kw=lambda x: {"k": x, "overhead": ov}), 0.05, 20.0,
+                       geometric=True)
+    comm_v = next((v for v in ("prio", "spec") if _measured_comm(alone, v) is not None), None)
+    fitted = overhead is None and comm_v is not None
+    if fitted:
+        # the overhead slows plain Horovod's step too (once per fused buffer), so the
+        # compute scale and the overhead are fitted in turn until they agree
+        target = _measured_comm(alone, comm_v)
+        overhead = 0.0
+        for _ in range(4):
+            k = fit_k(overhead)
+            overhead = _bisect(lambda x: run(comm_v, k, x)[0]["comm"] - target, 0.0, 0.1)
+    else:
+        overhead = overhead or 0.0
+    k = fit_k(overhead)
     # 0 when prio measured no slower than hvd (a negative cost would be a speed-up the
     # model has no cause for)
     step = _bisect(_fit_error(run, "prio", measured["prio"],
@@ -295,6 +338,9 @@ def calibrate(alone: dict, profile: Profile, pcfg: PriorityConfig | None = None,
                              kw=lambda x: {"k": k, "overhead": overhead, "step": step,
                                            "rtt": x}), 0.0, 0.2)
     return {"compute_scale": k, "step_cost": step, "arbiter_rtt": rtt,
+            "collective_overhead": overhead, "collective_overhead_fitted": fitted,
+            "comm_variant": comm_v if fitted else None,
+            "comm_measured_s": _measured_comm(alone, comm_v) if fitted else None,
             "command": meta.get("command"), "git": meta.get("git"), "date": meta.get("date"),
             "measured": {v: measured[v][0]["alone"] or measured[v][0]["shared"]
                          for v in ("hvd", "prio", "spec")}}
@@ -376,15 +422,25 @@ def markdown(res: dict) -> str:
                   "simulated phase far from the testbed's.", ""]
     cal = res.get("calibration")
     if cal:
+        if cal.get("collective_overhead_fitted"):
+            ovs = ("; per-collective overhead %.1f ms, fitted in turn with the compute scale "
+                   "on %s's time with a chunk in flight (%.0f ms/step)" % (
+                       1e3 * cal["collective_overhead"], cal["comm_variant"],
+                       1e3 * cal["comm_measured_s"]))
+        elif cal.get("collective_overhead"):
+            ovs = "; per-collective overhead %.1f ms given" % (1e3 * cal["collective_overhead"])
+        else:
+            ovs = ("; no per-collective overhead (the run did not record its chunks' time in "
+                   "flight)")
         lines += ["Job-side costs calibrated on one job alone, `%s` (git %s, %s): compute scale "
                   "%.2f on hvd (%.3f s/step), horovod_prio's per-step cost %.1f ms on prio "
-                  "(%.3f s/step), arbiter round trip %.1f ms on spec (%.3f s/step)." % (
+                  "(%.3f s/step), arbiter round trip %.1f ms on spec (%.3f s/step)%s." % (
                       cal["command"], cal["git"], cal["date"], cal["compute_scale"],
                       cal["measured"]["hvd"], 1e3 * cal["step_cost"],
                       cal["measured"]["prio"], 1e3 * cal["arbiter_rtt"],
-                      cal["measured"]["spec"]), ""]
-    if res.get("collective_overhead") or (not cal and (res.get("arbiter_rtt")
-                                                       or res.get("step_cost"))):
+                      cal["measured"]["spec"], ovs), ""]
+    if not cal and (res.get("collective_overhead") or res.get("arbiter_rtt")
+                    or res.get("step_cost")):
         lines += ["Job-side costs given: per-collective overhead %.1f ms (every variant), "
                   "horovod_prio's per-step cost %.1f ms, arbiter round trip %.1f ms." % (
                       1e3 * res["collective_overhead"], 1e3 * res.get("step_cost", 0.0),
@@ -420,9 +476,10 @@ def main(argv=None) -> int:
                    help="a benchmarks.cluster folder with one arb job alone and the variants "
                         "hvd,prio,spec: measure horovod_prio's per-step cost and the arbiter "
                         "round trip there")
-    p.add_argument("--collective-overhead", type=parse_duration, default=0.0, metavar="T",
+    p.add_argument("--collective-overhead", type=parse_duration, default=None, metavar="T",
                    help="per-collective overhead on every variant, plain Horovod's included, "
-                        "e.g. 6ms (default 0)")
+                        "e.g. 6ms (default 0; with --calibrate: measured there when its run "
+                        "recorded the chunks' time in flight)")
     p.add_argument("--step-cost", type=parse_duration, default=0.0, metavar="T",
                    help="horovod_prio's per-step cost beyond plain Horovod's, on every "
                         "variant but hvd, e.g. 20ms (default 0)")
@@ -466,10 +523,11 @@ def main(argv=None) -> int:
         except ValueError as e:
             p.error(str(e))
         a.step_cost, a.arbiter_rtt = cal["step_cost"], cal["arbiter_rtt"]
+        a.collective_overhead = cal["collective_overhead"]
         if k == "calibrated":
             k = cal["compute_scale"]
     try:
-        res = check(results, profile, overhead=a.collective_overhead, rtt=a.arbiter_rtt,
+        res = check(results, profile, overhead=a.collective_overhead or 0.0, rtt=a.arbiter_rtt,
                     compute_scale=k, phase=not a.no_phase, step=a.step_cost)
     except ValueError as e:
         p.error(f"argument dir: {e}")

@@ -5,7 +5,8 @@ Timestamps in the trace are wall-clock microseconds (``time.time() * 1e6``).
 - ``trace_events(path)`` -- the events of one trace file (``[]`` if unreadable);
 - ``spans(evs, cat, window, tid=None)`` -- (start, end) wall seconds of complete
   ("X") events of a category (e.g. "arbiter", "chunk", "step");
-- ``trace_summary(path, window)`` -- a job's arbiter grant waits;
+- ``trace_summary(path, window)`` -- a job's arbiter grant waits and the time it had
+  a released chunk in flight;
 - ``step_breakdown(path, window)`` -- compute / comm per measured step;
 - ``union_length(spans)``, ``inflight_fraction(paths, window)``.
 """
@@ -42,16 +43,22 @@ def spans(evs, cat, window, tid=None):
 
 
 def trace_summary(path: Path, window: tuple[float, float] | None) -> dict | None:
-    """Arbiter waits of one job's rank-0 trace: its "arbiter" spans (request -> grant)."""
+    """Arbiter waits of one job's rank-0 trace: its "arbiter" spans (request -> grant);
+    and ``allreduce_union_s``: the time at least one released chunk was in flight
+    (union of its "allreduce" spans, release -> done), which is what the step's
+    collectives take beyond their bytes on the wire (``benchmarks.sim_check``
+    fits the per-collective overhead on it)."""
     evs = trace_events(path)
     if not evs:
         return None
     sp = spans(evs, "arbiter", window)
     waits = [t1 - t0 for t0, t1 in sp]
+    ar = spans(evs, "chunk", window, "allreduce")
+    busy = {"allreduce_chunks": len(ar), "allreduce_union_s": union_length(ar)}
     if not waits:
         return {"chunks": 0, "wait_total_s": 0.0, "wait_union_s": 0.0, "wait_median_ms": None,
-                "wait_max_ms": None}
-    return {"chunks": len(waits), "wait_total_s": sum(waits),
+                "wait_max_ms": None, **busy}
+    return {**busy, "chunks": len(waits), "wait_total_s": sum(waits),
             "wait_union_s": union_length(sp),   # time >= 1 chunk waited (not summed)
             "wait_median_ms": statistics.median(waits) * 1e3, "wait_max_ms": max(waits) * 1e3}
 

@@ -165,6 +165,9 @@ class SimResult:
     policy_events: List[List[dict]] = field(default_factory=list)
     #: per job: [(time, link bytes served so far)], one sample per step end
     link_served: List[List[tuple]] = field(default_factory=list)
+    #: per job: [(start, end)] while it had a tensor or chunk handed to Horovod and
+    #: not reduced (in the product's trace: the union of its "allreduce" spans)
+    comm_spans: List[List[tuple]] = field(default_factory=list)
     arbiter_grants: int = 0
     starvation_grants: int = 0
 
@@ -386,6 +389,9 @@ class _Job:
             self.fwd_wait = None
         # horovod engine state
         self.hq: List = []
+        self.in_horovod = 0          # tensors/chunks submitted, not yet reduced
+        self.comm_spans: List[tuple] = []
+        self._comm_t0 = 0.0
         self.cycle_list: List[_Msg] = []
         self.busy = False
         self.tick_pending = False
@@ -548,6 +554,9 @@ class _Job:
 
     # ---------------------------------------------------------- horovod loop
     def submit(self, item):
+        if self.in_horovod == 0:
+            self._comm_t0 = self.sim.now
+        self.in_horovod += 1
         self.hq.append(item)
         if not self.busy and not self.tick_pending:
             now = self.sim.now
@@ -604,6 +613,9 @@ class _Job:
             self.link.add(msg)
 
     def _msg_done(self, msg):
+        self.in_horovod -= msg.units
+        if self.in_horovod == 0:
+            self.comm_spans.append((self._comm_t0, self.sim.now))
         if not self.overlap:
             self.outstanding -= msg.units
         if self.sched is not None:
@@ -661,7 +673,7 @@ def simulate(jobs: Sequence[JobSpec], mode: str, link: Optional[LinkConfig] = No
     pev = [[e.as_dict() for e in j.policy.events] if j.policy is not None else [] for j in js]
     label = mode + "+overlap" if any(j.overlap for j in jobs) else mode
     res = SimResult(label, list(jobs), records, ln.busy_s, makespan, sim.events, pev,
-                    [j.served_log for j in js])
+                    [j.served_log for j in js], [j.comm_spans for j in js])
     if arb is not None:
         res.arbiter_grants, res.starvation_grants = arb.grants, arb.starvation_grants
     return res

@@ -73,6 +73,10 @@ def test_trace_summary_and_inflight(tmp_path):
     s = traces.trace_summary(p0, (t - 1, t + 5))
     assert s["chunks"] == 2 and s["wait_total_s"] == pytest.approx(0.040)
     assert s["wait_max_ms"] == pytest.approx(30.0) and s["wait_union_s"] == pytest.approx(0.040)
+    # the time a released chunk was in flight (allreduce spans, not the gate's waits)
+    assert s["allreduce_chunks"] == 1 and s["allreduce_union_s"] == pytest.approx(1.0)
+    s1 = traces.trace_summary(p1, (t, t + 4))
+    assert s1["chunks"] == 0 and s1["allreduce_union_s"] == pytest.approx(1.5)
     assert traces.inflight_fraction([p0, p1], (t, t + 4)) == pytest.approx(0.5)
     assert traces.trace_summary(tmp_path / "missing.json", None) is None
 

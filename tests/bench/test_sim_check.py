@@ -15,13 +15,19 @@ pytestmark = pytest.mark.scheduler_lib
 
 
 def fake_run(variant, res, warmup):
-    """A benchmarks.cluster run record from a simulation."""
-    jobs = []
+    """A benchmarks.cluster run record from a simulation (horovod_prio variants with
+    the trace's time in flight over the measured steps, as the runner records it)."""
+    jobs, waits = [], {}
     for i, steps in enumerate(res.steps):
         st = [{"step": k, "t_start": s.start, "t_end": s.end, "warmup": k < warmup}
               for k, s in enumerate(steps)]
         jobs.append({"name": "job%d" % i, "steps": st, "meta": {}, "events": []})
-    return {"variant": variant, "repeat": 0, "status": "ok", "rate": "1gbit", "jobs": jobs}
+        lo, hi = steps[warmup].start, steps[-1].end
+        if variant != "hvd":
+            waits["job%d" % i] = {"chunks": 0, "allreduce_union_s": sum(
+                max(0.0, min(b, hi) - max(a, lo)) for a, b in res.comm_spans[i])}
+    return {"variant": variant, "repeat": 0, "status": "ok", "rate": "1gbit", "jobs": jobs,
+            "arbiter_waits": waits}
 
 
 def test_recovers_the_compute_scale_and_predicts_the_other_variants():
@@ -59,6 +65,36 @@ def _meta(jobs, variants, warmup, steps):
             "starvation_bound": 8,
             "jobs": [{"impl": "arb", "class": None, "start": 0.0, "steps": steps, "env": {}}]
             * jobs}
+
+
+def test_calibrate_measures_the_collective_overhead_on_the_time_in_flight():
+    """A 'testbed' whose collectives cost 6 ms each (plain Horovod's too): the
+    step times alone cannot tell that from compute, the chunks' time in flight
+    can; the compute scale, the overhead, the per-step cost and the round trip
+    all come back. A run that did not record the time in flight gets none."""
+    prof, k, ov, st, rtt = _toy(backward=0.02), 2.5, 0.006, 0.010, 0.003
+    slow = sim_check._scaled(prof, k)
+    costly = _costly(st, rtt, overhead=ov)
+    warmup, steps = 3, 12
+    pcfg = PriorityConfig.from_env({})
+    one = [JobSpec(slow, 2, steps + warmup, name="job0")]
+    alone = {"meta": _meta(1, ["hvd", "prio", "spec"], warmup, steps),
+             "runs": [fake_run(v, simulate(one, m, costly(m), pcfg), warmup)
+                      for v, m in (("hvd", "fifo"), ("prio", "priority"), ("spec", "adaptive"))]}
+    cal = sim_check.calibrate(alone, prof, pcfg)
+    assert cal["collective_overhead_fitted"] and cal["comm_variant"] == "prio"
+    assert cal["collective_overhead"] == pytest.approx(ov, rel=0.05)
+    assert cal["compute_scale"] == pytest.approx(k, rel=0.02)
+    assert cal["step_cost"] == pytest.approx(st, rel=0.05)
+    assert cal["arbiter_rtt"] == pytest.approx(rtt, rel=0.1)
+    assert ("per-collective overhead %.1f ms, fitted in turn with the compute scale on prio's"
+            % (1e3 * cal["collective_overhead"])) in sim_check.markdown(
+        {**sim_check.check(alone, prof, pcfg, overhead=ov), "calibration": cal})
+    for r in alone["runs"]:
+        r.pop("arbiter_waits")
+    blind = sim_check.calibrate(alone, prof, pcfg)
+    assert not blind["collective_overhead_fitted"] and blind["collective_overhead"] == 0.0
+    assert blind["compute_scale"] > k * 1.02
 
 
 def _costly(step=0.0, rtt=0.0, overhead=0.0):
@@ -131,8 +167,12 @@ def test_calibrate_keeps_a_given_collective_overhead_and_finds_no_step_cost():
     cal = sim_check.calibrate(alone, prof, pcfg, overhead=ov)
     assert cal["compute_scale"] == pytest.approx(k, rel=0.02)
     assert cal["step_cost"] < 1e-4 and cal["arbiter_rtt"] < 1e-4, cal
-    guess = sim_check.calibrate(alone, prof, pcfg)
-    assert guess["compute_scale"] > k * 1.02, guess
+    assert not cal["collective_overhead_fitted"] and cal["collective_overhead"] == ov
+    # not given: measured on the time in flight, the same
+    fit = sim_check.calibrate(alone, prof, pcfg)
+    assert fit["collective_overhead_fitted"]
+    assert fit["collective_overhead"] == pytest.approx(ov, rel=0.05)
+    assert fit["compute_scale"] == pytest.approx(k, rel=0.02)
     faster = dict(alone, runs=[dict(r, jobs=[dict(j, steps=[dict(s, t_end=s["t_start"] + 0.9 * (
         s["t_end"] - s["t_start"])) for s in j["steps"]]) for j in r["jobs"]])
         if r["variant"] == "prio" else r for r in alone["runs"]])

@@ -97,6 +97,22 @@ def test_chunks_released_in_one_cycle_share_a_collective():
             assert t1 - t0 == pytest.approx(collectives * 0.004, rel=1e-9), (mode, threshold)
 
 
+def test_comm_spans_cover_the_time_a_job_has_tensors_in_horovod():
+    """One fused collective per step, handed to Horovod when the backward ends:
+    the job's span runs from there to its end, overhead included - the product's
+    union of "allreduce" spans (release -> done)."""
+    prof = toy(bwd=(0.0, 0.0, 0.0), params=(100_000, 200_000, 300_000))
+    link = LinkConfig(bandwidth=1e8, latency=1e-4, cycle_time=0.0, collective_overhead=0.004)
+    for mode in ("fifo", "priority"):
+        r = simulate([JobSpec(prof, 2, 3)], mode, link, pcfg())
+        spans = r.comm_spans[0]
+        assert len(spans) == 3, (mode, spans)
+        for (a, b), st in zip(spans, r.steps[0]):
+            assert a == pytest.approx(st.start + prof.forward_s, abs=1e-12)
+            assert b - a == pytest.approx(0.004 + t_allreduce(prof.grad_bytes, 2, link),
+                                          rel=1e-9), mode
+
+
 def test_arbiter_rtt_delays_each_grant_by_the_round_trip():
     """One chunk per step: the request reaches the arbiter half a round trip
     after the job sent it, the grant the job half a round trip after that."""
