@@ -38,8 +38,10 @@ fused collectives for both when nothing holds chunks back; at least 0) on
 that job's step time. The two costs then go into every horovod_prio variant
 of ``DIR`` (only its compute scale is fitted there), so the two-job rows are
 predictions from one job measured alone. ``--step-cost`` / ``--arbiter-rtt``
-give the costs directly; ``--collective-overhead`` adds a cost per collective
-to every variant, plain Horovod's included.
+give the costs directly; ``--collective-overhead T`` adds a cost per collective
+to every variant, plain Horovod's included, and ``--collective-overhead fit``
+fits it on ALONE's time with a released chunk in flight (see :func:`calibrate`;
+a rough measure: docs/sim.md).
 ``--compute-scale calibrated`` also takes the compute scale from ALONE instead
 of fitting it on ``DIR``'s plain Horovod run (with one core per job, a job's
 compute does not depend on the other job), so that the plain-Horovod rows are
@@ -287,7 +289,7 @@ def _fit_error(run, variant, target, kw, window=None):
 
 
 def calibrate(alone: dict, profile: Profile, pcfg: PriorityConfig | None = None,
-              overhead: float | None = None) -> dict:
+              overhead: float | None = 0.0) -> dict:
     """horovod_prio's per-step cost and the arbiter round trip from one job measured
     alone (a ``benchmarks.cluster`` run with one job and the variants hvd, prio, spec),
     after the compute scale on hvd. Each is one number fitted on one variant: the
@@ -295,11 +297,14 @@ def calibrate(alone: dict, profile: Profile, pcfg: PriorityConfig | None = None,
     holds chunks back without an arbiter), so what prio costs beyond hvd alone is a
     per-step cost, and what spec costs beyond prio is the grants' round trip.
 
-    The per-collective overhead (``overhead``, None: measure it) is fitted, in turn
-    with the compute scale, on the time job 0 had a released chunk in flight per
-    step (``prio``'s, else ``spec``'s; :func:`_measured_comm`): what its collectives
-    took beyond their bytes on the wire. Runs recorded before that was (before
-    2026-12-04) give none: then 0."""
+    The per-collective overhead is ``overhead`` (paid by every variant), or, if
+    None, fitted in turn with the compute scale on the time job 0 had a released
+    chunk in flight per step (``spec``'s, else ``prio``'s; :func:`_measured_comm`):
+    what its collectives took beyond their bytes on the wire. A rough measure: a
+    chunk released on rank 0 also waits there for the other rank to release it,
+    which the one-worker model has no place for (prio releases during the
+    backward pass and reads far more than spec). Runs recorded before 2026-12-04
+    lack the time in flight."""
     meta = alone["meta"]
     if len(meta["jobs"]) != 1:
         raise ValueError("--calibrate: expected a run with one job, got %d" % len(meta["jobs"]))
@@ -317,8 +322,11 @@ def calibrate(alone: dict, profile: Profile, pcfg: PriorityConfig | None = None,
         return _bisect(_fit_error(run, "hvd", measured["hvd"],
                                   kw=lambda x: {"k": x, "overhead": ov}), 0.05, 20.0,
                        geometric=True)
-    comm_v = next((v for v in ("prio", "spec") if _measured_comm(alone, v) is not None), None)
-    fitted = overhead is None and comm_v is not None
+    comm_v = next((v for v in ("spec", "prio") if _measured_comm(alone, v) is not None), None)
+    fitted = overhead is None
+    if fitted and comm_v is None:
+        raise ValueError("--collective-overhead fit: the --calibrate run did not record its "
+                         "chunks' time in flight (runs before 2026-12-04 do not)")
     if fitted:
         # the overhead slows plain Horovod's step too (once per fused buffer), so the
         # compute scale and the overhead are fitted in turn until they agree
@@ -327,8 +335,6 @@ def calibrate(alone: dict, profile: Profile, pcfg: PriorityConfig | None = None,
         for _ in range(4):
             k = fit_k(overhead)
             overhead = _bisect(lambda x: run(comm_v, k, x)[0]["comm"] - target, 0.0, 0.1)
-    else:
-        overhead = overhead or 0.0
     k = fit_k(overhead)
     # 0 when prio measured no slower than hvd (a negative cost would be a speed-up the
     # model has no cause for)
@@ -458,6 +464,16 @@ def markdown(res: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
+def _overhead_arg(text: str):
+    if text == "fit":
+        return None
+    try:
+        return parse_duration(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"expected a duration >= 0 such as 6ms, or 'fit', got {text!r}") from None
+
+
 def _load(p, d: Path, what: str) -> dict:
     f = d / "results.json"
     try:
@@ -476,10 +492,10 @@ def main(argv=None) -> int:
                    help="a benchmarks.cluster folder with one arb job alone and the variants "
                         "hvd,prio,spec: measure horovod_prio's per-step cost and the arbiter "
                         "round trip there")
-    p.add_argument("--collective-overhead", type=parse_duration, default=None, metavar="T",
+    p.add_argument("--collective-overhead", type=_overhead_arg, default=0.0, metavar="T|fit",
                    help="per-collective overhead on every variant, plain Horovod's included, "
-                        "e.g. 6ms (default 0; with --calibrate: measured there when its run "
-                        "recorded the chunks' time in flight)")
+                        "e.g. 6ms (default 0); 'fit': fitted on --calibrate's time with a "
+                        "chunk in flight")
     p.add_argument("--step-cost", type=parse_duration, default=0.0, metavar="T",
                    help="horovod_prio's per-step cost beyond plain Horovod's, on every "
                         "variant but hvd, e.g. 20ms (default 0)")
@@ -495,6 +511,8 @@ def main(argv=None) -> int:
     p.add_argument("--no-write", action="store_true",
                    help="print the table only; DIR/sim_check.md and .json stay as they are")
     a = p.parse_args(argv)
+    if a.collective_overhead is None and not a.calibrate:
+        p.error("argument --collective-overhead: 'fit' needs --calibrate ALONE")
     if a.calibrate and (a.step_cost or a.arbiter_rtt):
         p.error("argument --calibrate: not with --step-cost / --arbiter-rtt "
                 "(it measures them)")
@@ -527,7 +545,7 @@ def main(argv=None) -> int:
         if k == "calibrated":
             k = cal["compute_scale"]
     try:
-        res = check(results, profile, overhead=a.collective_overhead or 0.0, rtt=a.arbiter_rtt,
+        res = check(results, profile, overhead=a.collective_overhead, rtt=a.arbiter_rtt,
                     compute_scale=k, phase=not a.no_phase, step=a.step_cost)
     except ValueError as e:
         p.error(f"argument dir: {e}")

@@ -71,7 +71,7 @@ def test_calibrate_measures_the_collective_overhead_on_the_time_in_flight():
     """A 'testbed' whose collectives cost 6 ms each (plain Horovod's too): the
     step times alone cannot tell that from compute, the chunks' time in flight
     can; the compute scale, the overhead, the per-step cost and the round trip
-    all come back. A run that did not record the time in flight gets none."""
+    all come back. Not asked to fit: none; asked without the record: a clear error."""
     prof, k, ov, st, rtt = _toy(backward=0.02), 2.5, 0.006, 0.010, 0.003
     slow = sim_check._scaled(prof, k)
     costly = _costly(st, rtt, overhead=ov)
@@ -81,20 +81,22 @@ def test_calibrate_measures_the_collective_overhead_on_the_time_in_flight():
     alone = {"meta": _meta(1, ["hvd", "prio", "spec"], warmup, steps),
              "runs": [fake_run(v, simulate(one, m, costly(m), pcfg), warmup)
                       for v, m in (("hvd", "fifo"), ("prio", "priority"), ("spec", "adaptive"))]}
-    cal = sim_check.calibrate(alone, prof, pcfg)
-    assert cal["collective_overhead_fitted"] and cal["comm_variant"] == "prio"
+    cal = sim_check.calibrate(alone, prof, pcfg, overhead=None)
+    assert cal["collective_overhead_fitted"] and cal["comm_variant"] == "spec"
     assert cal["collective_overhead"] == pytest.approx(ov, rel=0.05)
     assert cal["compute_scale"] == pytest.approx(k, rel=0.02)
     assert cal["step_cost"] == pytest.approx(st, rel=0.05)
     assert cal["arbiter_rtt"] == pytest.approx(rtt, rel=0.1)
-    assert ("per-collective overhead %.1f ms, fitted in turn with the compute scale on prio's"
+    assert ("per-collective overhead %.1f ms, fitted in turn with the compute scale on spec's"
             % (1e3 * cal["collective_overhead"])) in sim_check.markdown(
         {**sim_check.check(alone, prof, pcfg, overhead=ov), "calibration": cal})
-    for r in alone["runs"]:
-        r.pop("arbiter_waits")
-    blind = sim_check.calibrate(alone, prof, pcfg)
+    blind = sim_check.calibrate(alone, prof, pcfg)      # the default: none
     assert not blind["collective_overhead_fitted"] and blind["collective_overhead"] == 0.0
     assert blind["compute_scale"] > k * 1.02
+    for r in alone["runs"]:
+        r.pop("arbiter_waits")
+    with pytest.raises(ValueError, match="collective-overhead fit.*time in flight"):
+        sim_check.calibrate(alone, prof, pcfg, overhead=None)
 
 
 def _costly(step=0.0, rtt=0.0, overhead=0.0):
@@ -169,7 +171,7 @@ def test_calibrate_keeps_a_given_collective_overhead_and_finds_no_step_cost():
     assert cal["step_cost"] < 1e-4 and cal["arbiter_rtt"] < 1e-4, cal
     assert not cal["collective_overhead_fitted"] and cal["collective_overhead"] == ov
     # not given: measured on the time in flight, the same
-    fit = sim_check.calibrate(alone, prof, pcfg)
+    fit = sim_check.calibrate(alone, prof, pcfg, overhead=None)
     assert fit["collective_overhead_fitted"]
     assert fit["collective_overhead"] == pytest.approx(ov, rel=0.05)
     assert fit["compute_scale"] == pytest.approx(k, rel=0.02)
@@ -194,6 +196,7 @@ def test_cli_refuses_bad_costs(tmp_path, capsys):
     for argv, flag in ((["--arbiter-rtt", "-1"], "--arbiter-rtt"),
                        (["--collective-overhead", "soon"], "--collective-overhead"),
                        (["--step-cost", "-2ms"], "--step-cost"),
+                       (["--collective-overhead", "fit"], "--collective-overhead"),
                        (["--calibrate", str(tmp_path), "--step-cost", "1ms"], "--calibrate"),
                        (["--calibrate", str(tmp_path), "--arbiter-rtt", "0.001"], "--calibrate"),
                        (["--compute-scale", "calibrated"], "--compute-scale"),
