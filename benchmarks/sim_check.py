@@ -436,8 +436,7 @@ def markdown(res: dict) -> str:
         elif cal.get("collective_overhead"):
             ovs = "; per-collective overhead %.1f ms given" % (1e3 * cal["collective_overhead"])
         else:
-            ovs = ("; no per-collective overhead (the run did not record its chunks' time in "
-                   "flight)")
+            ovs = "; no per-collective overhead"
         lines += ["Job-side costs calibrated on one job alone, `%s` (git %s, %s): compute scale "
                   "%.2f on hvd (%.3f s/step), horovod_prio's per-step cost %.1f ms on prio "
                   "(%.3f s/step), arbiter round trip %.1f ms on spec (%.3f s/step)%s." % (
