@@ -251,6 +251,19 @@ class Runtime:
             self._pump_lock.release()
         return True
 
+    def autotune_state(self):
+        """``{"step", "choice", "why", "credit_bytes"}``: the tuner's latest choice
+        (the step it was made at, the credit, why) and the scheduler's credit in
+        force, read together (under the pump lock, so never a choice the runtime
+        thread has half applied); None where nothing is tuned (autotune off, an
+        explicit credit, or a rank other than 0)."""
+        with self._pump_lock:
+            if self.tuner is None:
+                return None
+            step, choice, why = self.tuner.choices[-1]
+            return {"step": step, "choice": choice, "why": why,
+                    "credit_bytes": self.scheduler.stats()["credit_bytes"]}
+
     def _apply_tuning(self, credit, why):
         """Rank 0's credit (the only rank that holds): no other rank needs it."""
         from horovod_prio.scheduler import UNLIMITED

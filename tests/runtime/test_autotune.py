@@ -90,14 +90,21 @@ def test_runtime_tunes_rank0s_credit_and_explicit_values_win():
     assert rt.tuner is not None and rt.scheduler.stats()["credit_bytes"] == UNLIMITED
     for i in range(8):                 # one trial's steps
         clock.steps[mon.slot].append((float(i), i + 0.5))
+    assert rt.autotune_state() == {"step": 0, "choice": UNLIMITED, "why": "try (start)",
+                                   "credit_bytes": UNLIMITED}
     rt.pump()
     assert rt.scheduler.stats()["credit_bytes"] == 16 << 20    # the next candidate, applied
+    st = rt.autotune_state()
+    assert st["choice"] == st["credit_bytes"] == 16 << 20 and st["step"] == 8, st
+    rt.scheduler.configure(1 << 20, True)       # the credit in force is the scheduler's own
+    assert rt.autotune_state()["credit_bytes"] == 1 << 20
     rt.shutdown()
     # an explicit credit is never tuned
     rt2 = Runtime(scheduler_factory=Scheduler)
     rt2.setup(cfg(autotune=True, credit_bytes="4MiB"), 0, 2)
     rt2.identity("opt", ("k",), cfg(autotune=True, credit_bytes="4MiB"), 2, Clock(), 1 << 30)
     assert rt2.tuner is None and rt2.scheduler.stats()["credit_bytes"] == 4 << 20
+    assert rt2.autotune_state() is None
     rt2.shutdown()
     # other ranks never hold, never tune: nothing for them to agree on
     rt3 = Runtime(scheduler_factory=Scheduler)

@@ -39,12 +39,10 @@ in_force = []                  # (scheduler's credit, tuner's latest choice) per
 class CreditInForce(tf.keras.callbacks.Callback):
     def on_train_batch_end(self, batch, logs=None):
         rt = get_runtime()
-        if rt.tuner is None:
-            return
         rt.pump()
-        with rt._pump_lock:        # no choice half-applied by the runtime thread
-            in_force.append((Scheduler.process().stats()["credit_bytes"],
-                             rt.tuner.choices[-1][1]))
+        state = rt.autotune_state()
+        if state is not None:
+            in_force.append((state["credit_bytes"], state["choice"]))
 
 
 model.fit(x, y, batch_size=8, epochs=1, verbose=0,
