@@ -468,7 +468,7 @@ def _overhead_arg(text: str):
         return None
     try:
         return parse_duration(text)
-    except ValueError:
+    except (ValueError, argparse.ArgumentTypeError):
         raise argparse.ArgumentTypeError(
             f"expected a duration >= 0 such as 6ms, or 'fit', got {text!r}") from None
 

@@ -176,12 +176,11 @@ class SimResult:
 
 
 class _Msg:
-    __slots__ = ("job", "nbytes", "link_bytes", "priority", "units", "on_done", "remaining",
-                 "token")
+    __slots__ = ("job", "nbytes", "link_bytes", "units", "on_done", "remaining", "token")
 
-    def __init__(self, job, nbytes, link_bytes, priority, units, on_done):
+    def __init__(self, job, nbytes, link_bytes, units, on_done):
         self.job, self.nbytes, self.link_bytes = job, nbytes, link_bytes
-        self.priority, self.units, self.on_done = priority, units, on_done
+        self.units, self.on_done = units, on_done
         self.remaining = float(link_bytes)
         self.token = None
 
@@ -592,7 +591,7 @@ class _Job:
         self._run_next()
 
     def _msg(self, nbytes, tokens):
-        m = _Msg(self.idx, nbytes, nbytes * self.byte_factor, 0, len(tokens), self._msg_done)
+        m = _Msg(self.idx, nbytes, nbytes * self.byte_factor, len(tokens), self._msg_done)
         m.token = tokens
         return m
 
