@@ -322,7 +322,8 @@ def calibrate(alone: dict, profile: Profile, pcfg: PriorityConfig | None = None,
         return _bisect(_fit_error(run, "hvd", measured["hvd"],
                                   kw=lambda x: {"k": x, "overhead": ov}), 0.05, 20.0,
                        geometric=True)
-    comm_v = next((v for v in ("spec", "prio") if _measured_comm(alone, v) is not None), None)
+    comm = {v: _measured_comm(alone, v) for v in ("spec", "prio")}
+    comm_v = next((v for v, c in comm.items() if c is not None), None)
     fitted = overhead is None
     if fitted and comm_v is None:
         raise ValueError("--collective-overhead fit: the --calibrate run did not record its "
@@ -330,7 +331,7 @@ def calibrate(alone: dict, profile: Profile, pcfg: PriorityConfig | None = None,
     if fitted:
         # the overhead slows plain Horovod's step too (once per fused buffer), so the
         # compute scale and the overhead are fitted in turn until they agree
-        target = _measured_comm(alone, comm_v)
+        target = comm[comm_v]
         overhead = 0.0
         for _ in range(4):
             k = fit_k(overhead)
@@ -346,7 +347,7 @@ def calibrate(alone: dict, profile: Profile, pcfg: PriorityConfig | None = None,
     return {"compute_scale": k, "step_cost": step, "arbiter_rtt": rtt,
             "collective_overhead": overhead, "collective_overhead_fitted": fitted,
             "comm_variant": comm_v if fitted else None,
-            "comm_measured_s": _measured_comm(alone, comm_v) if fitted else None,
+            "comm_measured_s": comm[comm_v] if fitted else None,
             "command": meta.get("command"), "git": meta.get("git"), "date": meta.get("date"),
             "measured": {v: measured[v][0]["alone"] or measured[v][0]["shared"]
                          for v in ("hvd", "prio", "spec")}}

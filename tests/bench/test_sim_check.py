@@ -77,10 +77,7 @@ def test_calibrate_measures_the_collective_overhead_on_the_time_in_flight():
     costly = _costly(st, rtt, overhead=ov)
     warmup, steps = 3, 12
     pcfg = PriorityConfig.from_env({})
-    one = [JobSpec(slow, 2, steps + warmup, name="job0")]
-    alone = {"meta": _meta(1, ["hvd", "prio", "spec"], warmup, steps),
-             "runs": [fake_run(v, simulate(one, m, costly(m), pcfg), warmup)
-                      for v, m in (("hvd", "fifo"), ("prio", "priority"), ("spec", "adaptive"))]}
+    alone = _alone_run(slow, costly, pcfg, warmup, steps)
     cal = sim_check.calibrate(alone, prof, pcfg, overhead=None)
     assert cal["collective_overhead_fitted"] and cal["comm_variant"] == "spec"
     assert cal["collective_overhead"] == pytest.approx(ov, rel=0.05)
@@ -97,6 +94,15 @@ def test_calibrate_measures_the_collective_overhead_on_the_time_in_flight():
         r.pop("arbiter_waits")
     with pytest.raises(ValueError, match="collective-overhead fit.*time in flight"):
         sim_check.calibrate(alone, prof, pcfg, overhead=None)
+
+
+def _alone_run(prof, link, pcfg, warmup, steps):
+    """A 'testbed' calibration run: one job alone, variants hvd / prio / spec
+    simulated on ``link(mode)``."""
+    one = [JobSpec(prof, 2, steps + warmup, name="job0")]
+    return {"meta": _meta(1, ["hvd", "prio", "spec"], warmup, steps),
+            "runs": [fake_run(v, simulate(one, m, link(m), pcfg), warmup)
+                     for v, m in (("hvd", "fifo"), ("prio", "priority"), ("spec", "adaptive"))]}
 
 
 def _costly(step=0.0, rtt=0.0, overhead=0.0):
@@ -120,10 +126,7 @@ def test_calibrate_measures_the_job_side_costs_alone_and_predicts_two_jobs():
     costly = _costly(st, rtt)
     warmup, steps = 3, 12
     pcfg = PriorityConfig.from_env({})
-    one = [JobSpec(slow, 2, steps + warmup, name="job0")]
-    alone = {"meta": _meta(1, ["hvd", "prio", "spec"], warmup, steps),
-             "runs": [fake_run(v, simulate(one, m, costly(m), pcfg), warmup)
-                      for v, m in (("hvd", "fifo"), ("prio", "priority"), ("spec", "adaptive"))]}
+    alone = _alone_run(slow, costly, pcfg, warmup, steps)
     cal = sim_check.calibrate(alone, prof, pcfg)
     assert cal["compute_scale"] == pytest.approx(k, rel=0.02)
     assert cal["step_cost"] == pytest.approx(st, rel=0.05)
@@ -162,10 +165,7 @@ def test_calibrate_keeps_a_given_collective_overhead_and_finds_no_step_cost():
     costly = _costly(overhead=ov)
     warmup, steps = 3, 12
     pcfg = PriorityConfig.from_env({})
-    one = [JobSpec(slow, 2, steps + warmup, name="job0")]
-    alone = {"meta": _meta(1, ["hvd", "prio", "spec"], warmup, steps),
-             "runs": [fake_run(v, simulate(one, m, costly(m), pcfg), warmup)
-                      for v, m in (("hvd", "fifo"), ("prio", "priority"), ("spec", "adaptive"))]}
+    alone = _alone_run(slow, costly, pcfg, warmup, steps)
     cal = sim_check.calibrate(alone, prof, pcfg, overhead=ov)
     assert cal["compute_scale"] == pytest.approx(k, rel=0.02)
     assert cal["step_cost"] < 1e-4 and cal["arbiter_rtt"] < 1e-4, cal
@@ -215,10 +215,7 @@ def test_cli_calibrates_and_writes_unless_told_not_to(tmp_path, capsys):
     save_profile(prof, str(tmp_path / "p.json"))
     link = _costly(0.020, 0.003)
     pcfg = PriorityConfig.from_env({})
-    one = [JobSpec(prof, 2, steps + warmup, name="job0")]
-    alone = {"meta": _meta(1, ["hvd", "prio", "spec"], warmup, steps),
-             "runs": [fake_run(v, simulate(one, m, link(m), pcfg), warmup)
-                      for v, m in (("hvd", "fifo"), ("prio", "priority"), ("spec", "adaptive"))]}
+    alone = _alone_run(prof, link, pcfg, warmup, steps)
     two = [JobSpec(prof, 2, steps + warmup, start=0.0005 * i, name="job%d" % i, seed=i)
            for i in range(2)]
     shared = {"meta": _meta(2, ["hvd", "spec"], warmup, steps),
