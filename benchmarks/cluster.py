@@ -55,6 +55,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from horovod_prio.method import units
+from horovod_prio.arbiter.cli import class_reserve_arg
 
 from .models import HARNESS_MODELS
 from . import netns, report, testbed
@@ -233,6 +234,8 @@ def build_parser():
     p.add_argument("--arbiter-credit", type=_size, default="8MiB",
                    help="arbiter --credit-bytes (default 8MiB, one job's local credit)")
     p.add_argument("--arbiter-order", choices=["burst", "chunk"], default="burst")
+    p.add_argument("--arbiter-class-reserve", type=class_reserve_arg, default=0.0, metavar="F",
+                   help="arbiter --class-reserve (default 0 = off, its default)")
     p.add_argument("--starvation-bound", type=int, default=8)
     p.add_argument("--subnet", default="10.77.0.0/16",
                    help="the testbed's addresses (private, /16 or larger; default 10.77.0.0/16)")
@@ -399,7 +402,8 @@ def execute_run(r: dict, args, workroot: Path, secret_file: Path,
             ah = topo.host("arbiter")
             arb = ArbiterProcess(ah.address, secret_file, args.arbiter_credit,
                                  args.starvation_bound, workdir / "arbiter.log",
-                                 order=args.arbiter_order, netns=ah.netns)
+                                 order=args.arbiter_order, netns=ah.netns,
+                                 extra_args=["--class-reserve", repr(args.arbiter_class_reserve)])
             rec["arbiter_address"] = arb.start()
             for j in jobs:
                 j.env.update(arbiter_env(j, arb.address, secret_file))
@@ -966,6 +970,7 @@ def main(argv=None) -> int:
         "repeats": args.repeats, "variants": variants, "jobs": args.job,
         "arbiter_credit": args.arbiter_credit, "arbiter_order": args.arbiter_order,
         "starvation_bound": args.starvation_bound, "subnet": args.subnet,
+        "arbiter_class_reserve": args.arbiter_class_reserve,
         "sample_interval": args.sample_interval, "link": LINK_NAME,
     }, "runs": []}
     stopped, failed = run_all(

@@ -205,6 +205,8 @@ def _link(meta, overhead: float = 0.0, rtt: float = 0.0, step: float = 0.0) -> L
                       arbiter_credit=int(meta.get("arbiter_credit") or 8 << 20),
                       arbiter_order=meta.get("arbiter_order") or "burst",
                       starvation_bound=int(meta.get("starvation_bound", 8)),
+                      # runs recorded before the arbiter had a class reserve ran without one
+                      arbiter_class_reserve=float(meta.get("arbiter_class_reserve", 0.0)),
                       collective_overhead=overhead, arbiter_rtt=rtt, step_overhead=step)
 
 

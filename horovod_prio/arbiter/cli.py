@@ -3,6 +3,7 @@
     horovod-prio arbiter --bind HOST:PORT [--secret-file F] [--credit-bytes N]
                          [--link-credit LINK=N ...] [--lease-seconds S]
                          [--starvation-bound K] [--order burst|chunk]
+                         [--class-reserve F]
                          [--handshake-timeout S] [--max-connections N]
                          [--max-handshakes N] [--log-level LEVEL]
     horovod-prio arbiter --stats HOST:PORT [--secret-file F]
@@ -32,6 +33,17 @@ _bytes = units.arg(units.parse_bytes, 1)
 _seconds = units.arg(units.parse_float, 0, strict=True, unit=" seconds")
 _count = units.arg(units.parse_int, 0)
 _positive_count = units.arg(units.parse_int, 1)
+
+
+def class_reserve_arg(text):
+    """argparse type of ``--class-reserve`` (also the benchmarks' option)."""
+    try:
+        v = float(text)
+    except ValueError:
+        v = float("nan")
+    if not 0 <= v < 1:
+        raise argparse.ArgumentTypeError("expected a share of the credit in [0, 1), got %r" % text)
+    return v
 
 
 def _link_credit(text):
@@ -65,6 +77,10 @@ def build_parser():
                         "(its step's chunks: the highest priority it requested), bursts in start "
                         "order, then the request's own priority; 'chunk' = each request by its "
                         "own priority, ties in arrival order (default burst)")
+    p.add_argument("--class-reserve", type=class_reserve_arg, default=0.0, metavar="F",
+                   help="share of each link's credit the lower job classes leave free while a "
+                        "job of a higher class is connected, so its next step's first chunks "
+                        "are granted at once (default 0 = off; no effect with one class)")
     p.add_argument("--handshake-timeout", type=_seconds, default=2.0, metavar="S",
                    help="a connection not authenticated within S seconds is closed (default 2)")
     p.add_argument("--max-connections", type=_positive_count, default=1024, metavar="N",
@@ -119,6 +135,7 @@ def main(argv=None):
     srv = ArbiterServer(addr[0], addr[1], secret, credit_bytes=args.credit_bytes,
                         lease_seconds=args.lease_seconds, starvation_bound=args.starvation_bound,
                         link_credits=dict(args.link_credit), order=args.order,
+                        class_reserve=args.class_reserve,
                         handshake_timeout=args.handshake_timeout,
                         max_connections=args.max_connections, max_handshakes=args.max_handshakes)
     try:

@@ -46,6 +46,22 @@ A request larger than the credit is granted alone once nothing is
 outstanding. Strict order: if the head does not fit, nothing behind it is
 granted either (small low-priority chunks never overtake a big urgent one).
 
+Classes are strict in the queue and on the link: a request is granted only
+while no job of a higher class has a request pending *or a grant
+outstanding* on the link. So no lower-class chunk is granted beside a
+higher class's chunk in flight, nor into the credit a higher-class job leaves
+free while its next chunk is not ready yet (grants already made run on); the
+lower classes run on the link the higher classes leave: their compute phases
+and the gaps of their backward passes.
+
+Class reserve (``class_reserve``, default 0 = off): while a job of a higher
+class is connected to the link, the lower classes' grants together hold at
+most ``(1 - class_reserve)`` of the link's credit (one request at a time if
+it is larger), so a higher-class job's next burst finds that share of the
+credit free instead of waiting for the lower classes' grants to finish. It
+costs the lower classes link time (fewer of their chunks in flight); with one
+class on the link it does nothing.
+
 Starvation bound ``K`` (per job, within a class): a job with pending requests
 is *passed over* each time a request of another job of its class is granted;
 once passed over ``K`` times since its own last grant (or since its requests
@@ -55,10 +71,8 @@ subject to the credit), and its count starts again. So every job of a class
 gets at least one of every ``K + 1`` grants while it waits. ``K = 0``
 disables the bound. Counting per job, not per request, matters: a per-request
 count reaches ``K`` for a job's whole backlog at once and hands it the link
-for a whole step, undoing both the burst order and the boost. Classes are
-strict: no lower-class request is granted while a higher-class request is
-pending, so a lower class runs on the link the higher classes leave (their
-compute phases, the bytes their credit does not fill).
+for a whole step, undoing both the burst order and the boost. The bound acts
+within a class only: classes stay strict (above).
 
 Leases: a grant not completed within ``lease_seconds`` expires; its bytes
 return to the link (counted in ``expired_leases``); :meth:`Arbiter.renew`
@@ -151,9 +165,15 @@ class Lane:
 
 
 class Link:
-    def __init__(self, name, credit, max_departed):
+    def __init__(self, name, credit, max_departed, class_reserve=0.0):
         self.name = name
         self.credit = credit
+        # bytes the lower classes may hold while a higher class is connected
+        self.low_cap = credit - int(credit * class_reserve)
+        self.classes = {}               # job class -> connected jobs of that class
+        self.top = None                 # the highest connected class
+        self.class_bytes = {}           # job class -> its granted-but-unfinished bytes
+        self.class_grants = {}          # job class -> its outstanding grants (no zero entries)
         self.outstanding_bytes = 0
         self.outstanding = 0
         self.lanes = {}                 # job class -> Lane
@@ -172,11 +192,19 @@ class Link:
 
     def join(self, job):
         self.jobs.add(job)
+        self.classes[job.job_class] = self.classes.get(job.job_class, 0) + 1
+        self.top = max(self.classes)
         self.connected_ids[job.job_id] = self.connected_ids.get(job.job_id, 0) + 1
         self.departed.pop(job.job_id, None)
 
     def leave(self, job):
         self.jobs.discard(job)
+        n = self.classes[job.job_class] - 1
+        if n:
+            self.classes[job.job_class] = n
+        else:
+            del self.classes[job.job_class]
+        self.top = max(self.classes) if self.classes else None
         jid = job.job_id
         n = self.connected_ids[jid] - 1
         if n:
@@ -192,7 +220,8 @@ class Link:
         d = dict(self.c)
         d.update(connected_jobs=len(self.jobs), pending=self.npending,
                  outstanding_grants=self.outstanding, outstanding_bytes=self.outstanding_bytes,
-                 credit_bytes=self.credit, grants_per_job=dict(self.per_job),
+                 credit_bytes=self.credit, lower_class_cap_bytes=self.low_cap,
+                 grants_per_job=dict(self.per_job),
                  job_classes={j.job_id: j.job_class for j in self.jobs},
                  job_steps={j.job_id: j.burst_step for j in self.jobs}, bursts=self.bursts)
         return d
@@ -209,7 +238,7 @@ class Arbiter:
 
     def __init__(self, credit_bytes=8 << 20, lease_seconds=10.0, starvation_bound=8,
                  link_credits=None, clock=time.monotonic, max_pending_per_job=1 << 16,
-                 order="burst", max_departed_jobs=256, max_idle_links=64):
+                 order="burst", max_departed_jobs=256, max_idle_links=64, class_reserve=0.0):
         if order not in self.ORDERS:
             raise ValueError("order must be one of %s, got %r" % ("/".join(self.ORDERS), order))
         if credit_bytes < 1:
@@ -218,6 +247,9 @@ class Arbiter:
             raise ValueError("lease_seconds must be > 0, got %r" % (lease_seconds,))
         if starvation_bound < 0:
             raise ValueError("starvation_bound must be >= 0, got %r" % (starvation_bound,))
+        if not 0 <= class_reserve < 1:
+            raise ValueError("class_reserve must be in [0, 1), got %r" % (class_reserve,))
+        self.class_reserve = float(class_reserve)
         self.credit_bytes = int(credit_bytes)
         self.lease_seconds = float(lease_seconds)
         self.starvation_bound = int(starvation_bound)
@@ -239,7 +271,7 @@ class Arbiter:
         ln = self.links.get(link)
         if ln is None:
             ln = self.links[link] = Link(link, self.link_credits.get(link, self.credit_bytes),
-                                         self.max_departed_jobs)
+                                         self.max_departed_jobs, self.class_reserve)
         self._idle.pop(link, None)
         job = Job(job_id, link, peer, job_class)
         ln.join(job)
@@ -390,6 +422,13 @@ class Arbiter:
             self._unlink(ln, r)
         elif r.state == GRANTED:
             ln.outstanding_bytes -= r.nbytes
+            cls = r.job.job_class
+            ln.class_bytes[cls] -= r.nbytes
+            n = ln.class_grants[cls] - 1
+            if n:
+                ln.class_grants[cls] = n
+            else:
+                del ln.class_grants[cls]
             ln.outstanding -= 1
             self._leases.pop(r, None)
         r.state = DONE
@@ -460,7 +499,14 @@ class Arbiter:
             if ln.outstanding_bytes and ln.outstanding_bytes + r.nbytes > ln.credit:
                 break
             job = r.job
-            lane = ln.lanes[job.job_class]
+            cls = job.job_class
+            if ln.class_grants and cls < max(ln.class_grants):
+                break                           # a higher class holds a grant: strict on the link
+            if cls < ln.top and ln.low_cap < ln.credit:     # the class reserve
+                low = sum(b for c, b in ln.class_bytes.items() if c < ln.top)
+                if low and low + r.nbytes > ln.low_cap:
+                    break
+            lane = ln.lanes[cls]
             lane.grants += 1                    # every other waiting job of the class is passed over
             self._unlink(ln, r)
             if K and job.npending:              # its count starts again
@@ -469,6 +515,8 @@ class Arbiter:
             r.deadline = now + self.lease_seconds
             self._leases[r] = None
             ln.outstanding_bytes += r.nbytes
+            ln.class_bytes[cls] = ln.class_bytes.get(cls, 0) + r.nbytes
+            ln.class_grants[cls] = ln.class_grants.get(cls, 0) + 1
             ln.outstanding += 1
             c = ln.c
             c["grants"] += 1

@@ -207,11 +207,12 @@ class ArbiterServer:
 
     def __init__(self, host="127.0.0.1", port=0, secret=None, credit_bytes=8 << 20,
                  lease_seconds=10.0, starvation_bound=8, link_credits=None,
-                 handshake_timeout=2.0, max_connections=1024, order="burst", max_handshakes=64):
+                 handshake_timeout=2.0, max_connections=1024, order="burst", max_handshakes=64,
+                 class_reserve=0.5):
         self.secret = P.load_secret(secret, "arbiter")
         self.host, self.port = host, port
         self.arbiter = Arbiter(credit_bytes, lease_seconds, starvation_bound, link_credits,
-                               order=order)
+                               order=order, class_reserve=class_reserve)
         self.handshake_timeout = float(handshake_timeout)
         self.max_connections = max_connections
         self.max_handshakes = max_handshakes
@@ -253,6 +254,7 @@ class ArbiterServer:
         s["lease_seconds"] = self.arbiter.lease_seconds
         s["starvation_bound"] = self.arbiter.starvation_bound
         s["order"] = self.arbiter.order
+        s["class_reserve"] = self.arbiter.class_reserve
         s["pruned_links"] = self.arbiter.pruned_links
         s["max_connections"] = self.max_connections
         s["max_handshakes"] = self.max_handshakes

@@ -131,6 +131,9 @@ def build_parser() -> argparse.ArgumentParser:
       help="the product arbiter's cross-job order (its --order; default burst)")
     a("--arbiter-credit", type=_bytes, default=8 * 1024 * 1024,
       help="granted-but-unfinished bytes per link (default 8MiB, the arbiter's default)")
+    a("--arbiter-class-reserve", type=_float_range(0, 1), default=0.0,
+      help="share of the link credit kept free for the highest connected job class "
+           "(the arbiter's --class-reserve; default 0 = off, its default)")
     a("--starvation-bound", type=units.arg(units.parse_int, 0), default=8,
       help="arbiter starvation bound K, 0 = none (default 8, the arbiter's default)")
     a("--overlap", action="store_true",
@@ -234,7 +237,8 @@ def _run(args, argv) -> int:
                       starvation_bound=args.starvation_bound, step_overhead=args.step_overhead,
                       collective_overhead=args.collective_overhead,
                       arbiter_rtt=args.arbiter_rtt, arbiter_credit=args.arbiter_credit,
-                      arbiter_order=args.arbiter_order)
+                      arbiter_order=args.arbiter_order,
+                      arbiter_class_reserve=args.arbiter_class_reserve)
     try:
         link.validate()
     except ValueError as e:

@@ -97,6 +97,7 @@ class LinkConfig:
     starvation_bound: int = 8                  # arbiter CLI default
     arbiter_credit: int = 8 * 1024 * 1024      # arbiter CLI default (per link)
     arbiter_order: str = "burst"               # the arbiter's --order: "chunk" | "burst"
+    arbiter_class_reserve: float = 0.0         # the arbiter's --class-reserve (its default: off)
     step_overhead: float = 0.0
     collective_overhead: float = 0.0           # s per collective before it occupies the link
     arbiter_rtt: float = 0.0                   # s, job <-> arbiter round trip
@@ -119,6 +120,9 @@ class LinkConfig:
         if self.arbiter_order not in Arbiter.ORDERS:
             raise ValueError(f"arbiter_order must be one of {', '.join(Arbiter.ORDERS)}, "
                              f"got {self.arbiter_order!r}")
+        r = self.arbiter_class_reserve
+        if isinstance(r, bool) or not isinstance(r, numbers.Real) or not 0 <= r < 1:
+            raise ValueError(f"arbiter_class_reserve must be a number in [0, 1), got {r!r}")
         for name in ("fusion_threshold", "starvation_bound", "arbiter_credit"):
             v = getattr(self, name)
             lo = 0 if name == "starvation_bound" else 1
@@ -258,10 +262,10 @@ class _LinkArbiter:
     scheduler tickets."""
 
     def __init__(self, sim: "_Sim", credit: int, bound: int, order: str = "burst",
-                 rtt: float = 0.0):
+                 rtt: float = 0.0, class_reserve: float = 0.0):
         self.sim = sim
         self.core = Arbiter(credit_bytes=credit, lease_seconds=1e18, starvation_bound=bound,
-                            clock=lambda: sim.now, order=order)
+                            clock=lambda: sim.now, order=order, class_reserve=class_reserve)
         self.handles: Dict[int, object] = {}
         self.jobs: Dict[int, "_Job"] = {}
         self.one_way = rtt / 2.0
@@ -661,7 +665,7 @@ def simulate(jobs: Sequence[JobSpec], mode: str, link: Optional[LinkConfig] = No
     arb = None
     if mode in ("arbiter", "adaptive"):
         arb = _LinkArbiter(sim, link.arbiter_credit, link.starvation_bound, link.arbiter_order,
-                           link.arbiter_rtt)
+                           link.arbiter_rtt, link.arbiter_class_reserve)
     records: List[List[StepRecord]] = [[] for _ in jobs]
     js = [_Job(i, spec, sim, ln, link, pcfg, mode, records[i], arb)
           for i, spec in enumerate(jobs)]

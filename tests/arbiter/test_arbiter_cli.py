@@ -82,17 +82,21 @@ def test_cli_reads_sizes_counts_and_seconds_with_the_projects_parsers(capsys):
     p = build_parser()
     a = p.parse_args(["--bind", "h:1", "--credit-bytes", "1MB", "--link-credit", "eth1=1.5KiB",
                       "--link-credit", "eth2=2M", "--lease-seconds", "0.25", "--starvation-bound", "0",
-                      "--handshake-timeout", "1e-1", "--max-handshakes", "8"])
+                      "--handshake-timeout", "1e-1", "--max-handshakes", "8",
+                      "--class-reserve", "0.25"])
     assert a.credit_bytes == units.parse_bytes("1MB") == 1000000
     assert dict(a.link_credit) == {"eth1": 1536, "eth2": 2 << 20}
     assert a.lease_seconds == 0.25 and a.starvation_bound == 0 and a.handshake_timeout == 0.1
-    assert a.max_handshakes == 8
+    assert a.max_handshakes == 8 and a.class_reserve == 0.25
+    assert p.parse_args(["--bind", "h:1"]).class_reserve == 0.0
     for argv, rule in ((["--credit-bytes", "1.0001KiB"], units.bytes_rule(1)),
                        (["--credit-bytes", "0"], units.bytes_rule(1)),
                        (["--link-credit", "eth1=lots"], units.bytes_rule(1)),
                        (["--starvation-bound", "2.5"], "an integer >= 0"),
                        (["--lease-seconds", "nan"], "a finite number > 0 seconds"),
-                       (["--max-handshakes", "0"], "an integer >= 1")):
+                       (["--max-handshakes", "0"], "an integer >= 1"),
+                       (["--class-reserve", "1"], "a share of the credit in [0, 1)"),
+                       (["--class-reserve", "half"], "a share of the credit in [0, 1)")):
         with pytest.raises(SystemExit):
             p.parse_args(["--bind", "h:1"] + argv)
         err = capsys.readouterr().err
@@ -105,6 +109,7 @@ def test_cli_serves_reports_stats_and_survives_kill_restart(tmp_path, caplog):
     p, addr = start_arbiter("--bind", "127.0.0.1:0", "--secret-file", str(secret_file),
                             "--credit-bytes", "1KiB", "--link-credit", "eth1=2KiB",
                             "--lease-seconds", "5", "--starvation-bound", "4", "--order", "burst",
+                            "--class-reserve", "0.25",
                             "--log-level", "DEBUG", env=_env())
     p2 = None
     g = Grants()
@@ -121,7 +126,8 @@ def test_cli_serves_reports_stats_and_survives_kill_restart(tmp_path, caplog):
         link = st["links"]["eth1"]
         assert link["grants"] == 1 and link["connected_jobs"] == 1 and link["credit_bytes"] == 2048
         assert st["server"]["credit_bytes"] == 1024 and st["server"]["starvation_bound"] == 4
-        assert st["server"]["order"] == "burst"
+        assert st["server"]["order"] == "burst" and st["server"]["class_reserve"] == 0.25
+        assert link["lower_class_cap_bytes"] == 2048 - 512
         r = run_cli("--stats", "%s:%d" % addr, env=_env(HOROVOD_PRIO_ARBITER_SECRET="wrong"))
         assert r.returncode == 1, r.stderr
         assert "stats from %s:%d failed: authentication failed" % addr in r.stderr \

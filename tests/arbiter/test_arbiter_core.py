@@ -220,7 +220,8 @@ def test_bad_requests_raise():
     with pytest.raises(ValueError, match="too many"):
         b.request(B, 3, 0, 1)
     for kw, msg in ((dict(credit_bytes=0), "credit_bytes"), (dict(lease_seconds=0), "lease_seconds"),
-                    (dict(starvation_bound=-1), "starvation_bound"), (dict(order="fifo"), "order")):
+                    (dict(starvation_bound=-1), "starvation_bound"), (dict(order="fifo"), "order"),
+                    (dict(class_reserve=1.0), "class_reserve"), (dict(class_reserve=-0.1), "class_reserve")):
         with pytest.raises(ValueError, match=msg):
             Arbiter(**kw)
 
@@ -428,10 +429,15 @@ class Model:
     highest pending class, a job passed over by K grants to other jobs of its
     class since its last grant (or since it began waiting) has its own next
     request granted next (the longest passed over first; ties: marked first);
-    strict credit; leases."""
+    strict credit; no grant while a higher class holds a grant; while a job of a
+    higher class is connected, the lower classes' grants hold at most
+    credit - int(credit * reserve) bytes (any one request when they hold none);
+    leases."""
 
-    def __init__(self, credit, K, order, lease):
+    def __init__(self, credit, K, order, lease, reserve=0.0):
         self.credit, self.K, self.order, self.lease = credit, K, order, lease
+        self.reserve = reserve
+        self.connected = set()
         self.pending = []           # dicts, arrival order
         self.granted = {}           # (job, token) -> [nbytes, deadline]
         self.bursts = {}            # job -> [start, top priority]
@@ -502,6 +508,7 @@ class Model:
         return self.schedule(now) if gone else []
 
     def drop(self, job, now):
+        self.connected.discard(job)
         self.requested.pop(job, None)           # a re-registered job starts afresh
         self.steps.pop(job, None)
         self.bursts.pop(job, None)
@@ -524,6 +531,14 @@ class Model:
             outstanding = sum(n for n, _ in self.granted.values())
             if outstanding and outstanding + r["nbytes"] > self.credit:
                 break
+            if any(self.classes[j] > self.classes[r["job"]] for j, _ in self.granted):
+                break
+            top_conn = max(self.classes[j] for j in self.connected)
+            if self.classes[r["job"]] < top_conn:
+                low = sum(n for (j, _), (n, _) in self.granted.items()
+                          if self.classes[j] < top_conn)
+                if low and low + r["nbytes"] > self.credit - int(self.credit * self.reserve):
+                    break
             self.pending.remove(r)
             cls = self.classes[r["job"]]
             self.class_grants[cls] = self.class_grants.get(cls, 0) + 1
@@ -538,21 +553,24 @@ class Model:
 @pytest.mark.parametrize("seed", range(12))
 def test_grant_sequence_equals_the_naive_model(seed, order):
     """The O(log n) structures of core.Arbiter grant exactly what the naive
-    model grants, call by call: classes, starvation bound, cancels, renewals,
-    lease expiry and drops included; step-tagged requests on odd seeds."""
+    model grants, call by call: classes and their reserve, starvation bound,
+    cancels, renewals, lease expiry and drops included; step-tagged requests
+    on odd seeds."""
     import random
     rng = random.Random(seed)
     K = rng.choice([0, 1, 2, 3, 8])
     credit = rng.choice([1, 100, 250])
+    reserve = rng.choice([0.0, 0.5, 0.75])
     lease = 5.0
-    a, clock = mk(credit=credit, lease=lease, K=K, order=order)
-    m = Model(credit, K, order, lease)
+    a, clock = mk(credit=credit, lease=lease, K=K, order=order, class_reserve=reserve)
+    m = Model(credit, K, order, lease, reserve)
     names = ["J%d" % i for i in range(rng.randint(1, 5))]
     tagged = seed % 2 == 1                      # odd seeds: requests carry step tags
     job_step = {n: 1 if tagged else 0 for n in names}
     jobs = {}
     for n in names:
         m.classes[n] = rng.choice([0, 0, 1, 2])
+        m.connected.add(n)
         jobs[n] = a.register(n, "L", job_class=m.classes[n])
     tok = 0
     live = []                                   # (job, token) requested and not finished
@@ -588,6 +606,7 @@ def test_grant_sequence_equals_the_naive_model(seed, order):
             n = rng.choice(names)
             assert got(a.drop(jobs[n])) == m.drop(n, clock.t), step
             m.classes[n] = rng.choice([0, 1, 2])
+            m.connected.add(n)
             jobs[n] = a.register(n, "L", job_class=m.classes[n])
         ln = a.links["L"]
         assert ln.npending == len(m.pending)
@@ -648,6 +667,63 @@ def test_classes_are_strict_the_lower_class_runs_on_the_leftover_link():
         # low-priority request of low2 goes once passed over K times
         assert sorted(rest) == ["l1", "l2", "l3", "starved"], (order, rest)
         assert rest.index("starved") <= K, (order, rest)
+
+
+def test_classes_are_strict_on_the_link_no_lower_grant_beside_a_higher_one():
+    """While the class-1 job holds a grant (its next chunk not requested yet),
+    the class-0 job is not granted into the free credit; when the class-1 job
+    holds nothing, it is. Within a class the credit is shared as before."""
+    for order in ("chunk", "burst"):
+        a, _ = mk(credit=100, order=order)
+        high = a.register("high", "L", job_class=1)
+        low = a.register("low", "L")
+        peer = a.register("peer", "L", job_class=1)
+        assert [r.token for r in a.request(high, 1, 0, 25, "h")] == [1]
+        assert a.request(low, 1, 9, 25, "l") == []              # 75 bytes free, held back
+        assert [r.token for r in a.request(peer, 1, 0, 25, "p")] == [1]   # same class: shares
+        assert a.complete(high, 1) == []                        # peer still holds one
+        assert names(a.complete(peer, 1)) == [("low", "l")]
+        assert names(a.request(high, 2, 0, 25, "h2")) == [("high", "h2")]   # granted beside it
+
+
+def test_class_reserve_keeps_part_of_the_credit_for_a_connected_higher_class():
+    """A class-1 job is connected but computing (nothing requested): the
+    class-0 job's grants stop at half the credit, so the class-1 job's next
+    burst is granted at once; without a higher class, or with the reserve
+    off, the class-0 job fills the credit."""
+    for order in ("chunk", "burst"):
+        a, _ = mk(credit=100, order=order, class_reserve=0.5)
+        high = a.register("high", "L", job_class=1)
+        low = a.register("low", "L")
+        got = [r.token for t in range(1, 5) for r in a.request(low, t, 0, 25, "l")]
+        assert got == [1, 2], order                 # 50 bytes: the lower classes' cap
+        assert names(a.request(high, 1, 0, 25, "h")) == [("high", "h")]   # at once
+        assert a.stats()["L"]["lower_class_cap_bytes"] == 50
+        assert a.links["L"].outstanding_bytes == 75  # room for one more in the credit,
+        assert a.complete(high, 1) == [] and a.is_pending(low, 3)   # not in the lower cap
+        assert [r.token for r in a.complete(low, 1)] == [3]
+        # no higher class left: the whole credit
+        assert [r.token for r in a.drop(high)] == [4]
+        assert [r.token for r in a.request(low, 5, 0, 25, "l")] == [5]
+        assert a.links["L"].outstanding_bytes == 100
+
+        for reserve, classes in ((0.0, (1, 0)), (0.5, (0, 0))):
+            b, _ = mk(credit=100, order=order, class_reserve=reserve)
+            b.register("other", "L", job_class=classes[0])
+            low = b.register("low", "L", job_class=classes[1])
+            got = [r.token for t in range(1, 6) for r in b.request(low, t, 0, 25, "l")]
+            assert got == [1, 2, 3, 4], (order, reserve, classes)
+
+
+def test_class_reserve_grants_a_larger_lower_class_request_alone():
+    """A lower-class request above the lower classes' cap is granted when they
+    hold nothing (the class-0 job progresses), never beside another one."""
+    a, _ = mk(credit=100, class_reserve=0.75)     # cap 25 bytes
+    a.register("high", "L", job_class=1)
+    low = a.register("low", "L")
+    assert [r.token for r in a.request(low, 1, 0, 60, "big")] == [1]
+    assert a.request(low, 2, 0, 10, "small") == []
+    assert [r.token for r in a.complete(low, 1)] == [2]
 
 
 def test_renew_keeps_a_grant_past_its_lease():

@@ -492,6 +492,26 @@ def test_boost_gives_a_job_precedence_on_the_arbitrated_link():
     assert mean(a) < mean(b)
 
 
+def test_class_reserve_serves_the_higher_class_on_the_simulated_link():
+    """The simulator runs the product arbiter's class reserve: a class-1 job
+    beside a class-0 job steps faster with the reserve than without (the
+    class-0 job holds at most half the credit while class 1 computes); with
+    two class-0 jobs the reserve changes nothing."""
+    prof = resnet50()
+
+    def run(reserve, classes=(1, 0)):
+        link = LinkConfig(bandwidth=10e9 / 8, arbiter_credit=16 << 20,
+                          arbiter_class_reserve=reserve)
+        jobs = [JobSpec(prof, 8, 30, job_class=classes[0]),
+                JobSpec(prof, 8, 30, start=0.05, job_class=classes[1])]
+        r = simulate(jobs, "arbiter", link, pcfg())
+        return [mean(window_steps(r, j, skip=5)) for j in range(2)]
+
+    hi0, hi5 = run(0.0)[0], run(0.5)[0]
+    assert hi5 < hi0, (hi0, hi5)
+    assert run(0.0, (0, 0)) == run(0.5, (0, 0))
+
+
 # ------------------------------------------------------------------ scale
 def test_thousand_workers_eight_jobs_completes():
     models = [resnet50(), vgg16(), bert_base()]
@@ -545,6 +565,8 @@ def test_simulate_rejects_bad_arguments():
         simulate([JobSpec(toy(), 2, 1)], "fifo", LinkConfig(collective_overhead=-1e-3))
     with pytest.raises(ValueError, match="arbiter_rtt"):
         simulate([JobSpec(toy(), 2, 1)], "arbiter", LinkConfig(arbiter_rtt=float("nan")))
+    with pytest.raises(ValueError, match="arbiter_class_reserve"):
+        simulate([JobSpec(toy(), 2, 1)], "arbiter", LinkConfig(arbiter_class_reserve=1))
 
 
 # ------------------------------------------------------------------ CLI
@@ -564,6 +586,7 @@ def test_simulate_rejects_bad_arguments():
     (["--latency", "soon"], "--latency"),
     (["--collective-overhead", "-1ms"], "--collective-overhead"),
     (["--arbiter-rtt", "soon"], "--arbiter-rtt"),
+    (["--arbiter-class-reserve", "1"], "--arbiter-class-reserve"),
     (["--jitter", "1.5"], "--jitter"),
     (["--jobs", "3", "--steps", "1,2"], "--steps"),
 ])
