@@ -49,14 +49,17 @@ granted either (small low-priority chunks never overtake a big urgent one).
 Classes are strict in the queue and on the link: a request is granted only
 while no job of a higher class has a request pending *or a grant
 outstanding* on the link. So no lower-class chunk is granted beside a
-higher class's chunk in flight, nor into the credit a higher-class job leaves
-free while its next chunk is not ready yet (grants already made run on); the
-lower classes run on the link the higher classes leave: their compute phases
-and the gaps of their backward passes.
+higher class's chunk in flight, even while that job's next chunk is not ready
+yet (lower-class grants already made run on); the lower classes run on the
+link the higher classes leave: their compute phases and the moments of their
+backward passes when they hold no grant. A higher-class job that holds a
+grant for long (a stalled allreduce whose lease its client keeps renewing)
+keeps the lower classes off the link that long; their clients' ``max_wait``
+(10 s by default) then releases their chunks without a grant.
 
 Class reserve (``class_reserve``, default 0 = off): while a job of a higher
 class is connected to the link, the lower classes' grants together hold at
-most ``(1 - class_reserve)`` of the link's credit (one request at a time if
+most ``credit - int(credit * class_reserve)`` bytes (one request at a time if
 it is larger), so a higher-class job's next burst finds that share of the
 credit free instead of waiting for the lower classes' grants to finish. It
 costs the lower classes link time (fewer of their chunks in flight); with one
@@ -173,7 +176,7 @@ class Link:
         self.classes = {}               # job class -> connected jobs of that class
         self.top = None                 # the highest connected class
         self.class_bytes = {}           # job class -> its granted-but-unfinished bytes
-        self.class_grants = {}          # job class -> its outstanding grants (no zero entries)
+        self.class_grants = {}          # job class -> its outstanding grants (both: no zero entries)
         self.outstanding_bytes = 0
         self.outstanding = 0
         self.lanes = {}                 # job class -> Lane
@@ -423,12 +426,13 @@ class Arbiter:
         elif r.state == GRANTED:
             ln.outstanding_bytes -= r.nbytes
             cls = r.job.job_class
-            ln.class_bytes[cls] -= r.nbytes
             n = ln.class_grants[cls] - 1
             if n:
                 ln.class_grants[cls] = n
+                ln.class_bytes[cls] -= r.nbytes
             else:
                 del ln.class_grants[cls]
+                del ln.class_bytes[cls]
             ln.outstanding -= 1
             self._leases.pop(r, None)
         r.state = DONE

@@ -208,7 +208,7 @@ class ArbiterServer:
     def __init__(self, host="127.0.0.1", port=0, secret=None, credit_bytes=8 << 20,
                  lease_seconds=10.0, starvation_bound=8, link_credits=None,
                  handshake_timeout=2.0, max_connections=1024, order="burst", max_handshakes=64,
-                 class_reserve=0.5):
+                 class_reserve=0.0):
         self.secret = P.load_secret(secret, "arbiter")
         self.host, self.port = host, port
         self.arbiter = Arbiter(credit_bytes, lease_seconds, starvation_bound, link_credits,

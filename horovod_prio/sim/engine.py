@@ -289,6 +289,17 @@ class _LinkArbiter:
         for r in grants or ():
             self._later(self.jobs[int(r.job.job_id)].granted, r.token)
 
+    def join(self, job):
+        """The job connects when it starts (as the product's job does), so a
+        higher class counts from then on (the class reserve)."""
+        self._handle(job)
+
+    def leave(self, job):
+        """The job finished its last step: it disconnects (the arbiter drops it)."""
+        h = self.handles.pop(job.idx, None)
+        if h is not None:
+            self._later(lambda: self._deliver(self.core.drop(h)))
+
     def request(self, job, ticket: int, priority: int, nbytes: int, step: int = 0):
         h = self._handle(job)
         self._later(lambda: self._deliver(self.core.request(h, ticket, priority, nbytes,
@@ -404,6 +415,8 @@ class _Job:
     # ---------------------------------------------------------- steps
     def start_step(self):
         now = self.sim.now
+        if self.arbiter is not None and self.step == 0:
+            self.arbiter.join(self)
         decayed = False
         if self.policy is not None:
             before = self.policy.boost
@@ -534,6 +547,8 @@ class _Job:
         self.step += 1
         if self.step < self.spec.steps:
             self.start_step()
+        elif self.arbiter is not None:
+            self.arbiter.leave(self)
 
     # ---------------------------------------------------------- gate (the product's scheduler)
     def chunk_ready_ev(self, g, name, size):

@@ -410,6 +410,8 @@ def test_stats_request(server_factory, client_factory):
     for name in ("waits", "wait_seconds_total", "expired_leases", "outstanding_bytes"):
         assert name in st["links"]["eth0"]
     assert st["server"]["auth_failures"] == 0
+    # the service's defaults are the core's (and the CLI's): no class reserve
+    assert st["server"]["class_reserve"] == 0.0 and st["links"]["eth0"]["lower_class_cap_bytes"] == 100
     with pytest.raises(P.AuthError, match="wrong secret"):
         fetch_stats(srv.address, b"wrong", timeout=2)
     assert fetch_stats(srv.address, SECRET)["server"]["auth_failures"] == 1

@@ -512,6 +512,25 @@ def test_class_reserve_serves_the_higher_class_on_the_simulated_link():
     assert run(0.0, (0, 0)) == run(0.5, (0, 0))
 
 
+def test_a_finished_job_leaves_the_simulated_arbiter():
+    """As the product's job disconnects when it ends, a simulated job leaves
+    the arbiter after its last step: the class-1 job's reserve stops holding
+    the class-0 job back once the class-1 job is done."""
+    prof = resnet50()
+
+    def late_steps(reserve):
+        link = LinkConfig(bandwidth=10e9 / 8, arbiter_credit=16 << 20,
+                          arbiter_class_reserve=reserve)
+        jobs = [JobSpec(prof, 8, 8, job_class=1), JobSpec(prof, 8, 40, start=0.05)]
+        r = simulate(jobs, "arbiter", link, pcfg())
+        gone = r.steps[0][-1].end
+        late = [s.end - s.start for s in r.steps[1] if s.start > gone + 1e-9]
+        assert len(late) >= 10
+        return late
+
+    assert late_steps(0.5) == pytest.approx(late_steps(0.0), rel=1e-9)
+
+
 # ------------------------------------------------------------------ scale
 def test_thousand_workers_eight_jobs_completes():
     models = [resnet50(), vgg16(), bert_base()]
