@@ -56,6 +56,7 @@ from pathlib import Path
 
 from horovod_prio.method import units
 from horovod_prio.arbiter.cli import class_reserve_arg
+from horovod_prio.sim.scenarios import recovery_steps
 
 from .models import HARNESS_MODELS
 from . import netns, report, testbed
@@ -562,11 +563,16 @@ def run_stats(rec: dict) -> dict:
         else:
             d_sh, d_al = (d_all, []) if len(jobs) == 1 else ([], d_all)
         pol = report.policy_series(j)
+        rec_steps = None                # a job that ran alone before the others joined
+        if win and st and st[0][0] < win[0] - 1e-6 and d_al:
+            rec_steps = recovery_steps([(s, e - s) for s, e in st], win[0] - 1e-6,
+                                       report.median(d_al))
         out["jobs"].append({
             "name": j["name"], "label": j.get("label"), "impl": j.get("impl"),
             "n": len(d_all), "median": report.median(d_all),
             "n_shared": len(d_sh), "median_shared": report.median(d_sh),
             "n_alone": len(d_al), "median_alone": report.median(d_al),
+            "recovery": rec_steps, "ran_first": bool(win and st and st[0][0] < win[0] - 1e-6),
             "max_boost": max((b for _, _, b in pol if b is not None), default=None),
             "raises": sum(1 for _, k in report.job_events(j) if k == "raise")})
     shared = [x["median_shared"] for x in out["jobs"]]
@@ -668,7 +674,8 @@ def summarize(results: dict) -> tuple[list[dict], list[dict]]:
                 "share": report.median(shares),
                 "max_boost": max((x["max_boost"] for x in js if x["max_boost"] is not None),
                                  default=None),
-                "raises": report.median([x["raises"] for x in js])})
+                "raises": report.median([x["raises"] for x in js]),
+                "recovery": [x["recovery"] for x in js] if js[0]["ran_first"] else None})
     return rows, jrows
 
 
@@ -707,14 +714,15 @@ def markdown(results: dict) -> str:
             f"| {f(r.get('busy_AB'), '{:.0%}')} / {f(r.get('busy_BA'), '{:.0%}')} "
             f"| {'–' if w is None else f'{w * 1e3:.0f} ms'} | {q} | {r['runs_ok']}/{r['runs']} |")
     lines += ["", "| variant | job | s/step all | s/step shared | s/step alone | vs hvd (same job) "
-              "| uplink share | max boost | boost raises |",
-              "|---|---|---|---|---|---|---|---|---|"]
+              "| uplink share | max boost | boost raises | recovery, per repeat |",
+              "|---|---|---|---|---|---|---|---|---|---|"]
     for j in jrows:
         lines.append(
             f"| {j['variant']} | {j['job']} {j['label']} | {f(j['median'])} "
             f"| {f(j['median_shared'])} | {f(j['median_alone'])} | {f(j['vs_hvd'], '{:.2f}×')} "
             f"| {f(j['share'], '{:.0%}')} | {'–' if j['max_boost'] is None else j['max_boost']} "
-            f"| {f(j['raises'], '{:.0f}')} |")
+            f"| {f(j['raises'], '{:.0f}')} "
+            f"| {'–' if j['recovery'] is None else ' / '.join('never' if x is None else str(x) for x in j['recovery'])} |")
     core_rows = [r for r in rows if r.get("cores")]
     if core_rows:
         lines += ["", "| variant | core | busy | user | system | irq + softirq |",
@@ -742,7 +750,11 @@ def markdown(results: dict) -> str:
               "step: union of the job's 'arbiter' trace spans (request → grant) per measured "
               "step, median over jobs and repeats. grants queued: arbiter --stats (waits / "
               "grants on link 'uplink') between the common start and the end. boost: the "
-              "horovod_prio logger's policy events (rank 0). core: fraction of the shared "
+              "horovod_prio logger's policy events (rank 0). recovery (a job that ran alone "
+              "before the others joined): its steps from the join until one is within 10 % "
+              "of its alone s/step, counting that one ('never': none was), per repeat; "
+              "the simulator's rule (horovod_prio.sim.scenarios.recovery_steps). "
+              "core: fraction of the shared "
               "window (of the whole span with one job) each core spent busy, in user, "
               "system and interrupt time (/proc/stat; the kernel's packet processing for "
               "every job's traffic counts on whichever core it runs), median over repeats; "

@@ -115,11 +115,14 @@ def classes(profile, workers: int, link: LinkConfig, pcfg: PriorityConfig, jobs:
     }
 
 
-def _recovery(steps, t0, alone, tol=0.10):
-    """Steps of A after ``t0`` until one is within ``tol`` of ``alone`` (None: never)."""
-    after = [r for r in steps if r.start >= t0]
-    for i, r in enumerate(after):
-        if r.seconds <= alone * (1 + tol):
+def recovery_steps(steps, t0, alone, tol=0.10):
+    """A's recovery in the patent's scenario: of its ``(start, seconds)`` steps,
+    how many starting at or after ``t0`` (the join) until one is within ``tol``
+    of ``alone`` (counting that one); None: never. The testbed's report
+    (:mod:`benchmarks.cluster`) counts it the same way."""
+    after = [sec for start, sec in steps if start >= t0]
+    for i, sec in enumerate(after):
+        if sec <= alone * (1 + tol):
             return i + 1
     return None
 
@@ -144,7 +147,7 @@ def join(profile, workers: int, link: LinkConfig, pcfg: PriorityConfig, jobs: in
             "a_steps": [(x.start, x.seconds, x.boost, x.outcome) for x in a],
             "others_steps": [[(x.start, x.seconds) for x in s] for s in r.steps[1:]],
             "served": r.link_served,
-            "a_recovery_steps": _recovery(a, t_join, alone),
+            "a_recovery_steps": recovery_steps([(x.start, x.seconds) for x in a], t_join, alone),
             "a_mean_while_shared_s": _mean([x.seconds for x in during]),
             "others_mean_s": b_mean,
             "others_slowdown_vs_alone": b_mean / alone - 1.0,

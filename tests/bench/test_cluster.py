@@ -211,6 +211,34 @@ def test_worst_job_is_the_largest_slowdown_not_the_last_job():
     assert by["spec"]["worst_job_change"] == pytest.approx(0.1)     # job0: 0.55 vs 0.5
 
 
+def test_recovery_of_the_job_that_ran_alone_counts_steps_from_the_join():
+    """A alone at 0.4 s/step; B joins at 2 s; A's steps then take 0.8, 0.7,
+    0.43 (within 10 % of 0.4: the 3rd step), then 0.4 again; the report gives
+    A's recovery per repeat, 'never' when no later step comes back, and none
+    for B."""
+    def run(rep, shared, tail=(0.4,) * 8):
+        r = _run("spec", rep, 0.4, 0.5, arb=True)
+        secs = [0.4] * 5 + shared + list(tail)
+        t, steps = T0, r["jobs"][0]["steps"][:1]
+        for i, sec in enumerate(secs):
+            steps.append({"step": i + 1, "t_start": t, "t_end": t + sec, "warmup": False})
+            t += sec
+        r["jobs"][0]["steps"] = steps
+        return r
+    st = cluster.run_stats(run(0, [0.8, 0.7, 0.43]))
+    assert st["jobs"][0]["median_alone"] == pytest.approx(0.4)
+    assert (st["jobs"][0]["recovery"], st["jobs"][1]["recovery"]) == (3, None)
+    res = _results()
+    res["runs"] = [_run("hvd", 0, 0.5, 0.5), run(0, [0.8, 0.7, 0.43]),
+                   _run("hvd", 1, 0.5, 0.5), run(1, [0.9] * 8, tail=())]
+    _, jrows = cluster.summarize(res)
+    by = {(j["variant"], j["job"]): j for j in jrows}
+    assert by[("spec", "job0")]["recovery"] == [3, None]
+    assert by[("spec", "job1")]["recovery"] is None
+    md = cluster.markdown(res)
+    assert "| recovery, per repeat |" in md and "| 3 / never |" in md
+
+
 def test_run_stats_shared_window_alone_steps_and_uplink_share():
     st = cluster.run_stats(_run("spec", 0, 0.4, 0.5, arb=True))
     # job1 joins 2 s later: the shared window starts at its first measured step
