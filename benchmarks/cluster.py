@@ -563,8 +563,9 @@ def run_stats(rec: dict) -> dict:
         else:
             d_sh, d_al = (d_all, []) if len(jobs) == 1 else ([], d_all)
         pol = report.policy_series(j)
-        rec_steps = None                # a job that ran alone before the others joined
-        if win and st and st[0][0] < win[0] - 1e-6 and d_al:
+        first = bool(win and st and st[0][0] < win[0] - 1e-6)   # ran alone before the join
+        rec_steps = None
+        if first and d_al:
             rec_steps = recovery_steps([(s, e - s) for s, e in st], win[0] - 1e-6,
                                        report.median(d_al))
         out["jobs"].append({
@@ -572,7 +573,7 @@ def run_stats(rec: dict) -> dict:
             "n": len(d_all), "median": report.median(d_all),
             "n_shared": len(d_sh), "median_shared": report.median(d_sh),
             "n_alone": len(d_al), "median_alone": report.median(d_al),
-            "recovery": rec_steps, "ran_first": bool(win and st and st[0][0] < win[0] - 1e-6),
+            "recovery": rec_steps, "ran_first": first,
             "max_boost": max((b for _, _, b in pol if b is not None), default=None),
             "raises": sum(1 for _, k in report.job_events(j) if k == "raise")})
     shared = [x["median_shared"] for x in out["jobs"]]

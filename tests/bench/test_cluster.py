@@ -228,6 +228,10 @@ def test_recovery_of_the_job_that_ran_alone_counts_steps_from_the_join():
     st = cluster.run_stats(run(0, [0.8, 0.7, 0.43]))
     assert st["jobs"][0]["median_alone"] == pytest.approx(0.4)
     assert (st["jobs"][0]["recovery"], st["jobs"][1]["recovery"]) == (3, None)
+    late = run(0, [0.8, 0.7, 0.43])                 # B outlasts A: B has alone steps too,
+    late["jobs"][1] = _job("job1", "arb@2s", "prio", ["a2", "b2"], 0.5, 2.0, n=30)
+    st = cluster.run_stats(late)                    # but it did not run before the join
+    assert st["jobs"][1]["n_alone"] > 0 and st["jobs"][1]["recovery"] is None
     res = _results()
     res["runs"] = [_run("hvd", 0, 0.5, 0.5), run(0, [0.8, 0.7, 0.43]),
                    _run("hvd", 1, 0.5, 0.5), run(1, [0.9] * 8, tail=())]
