@@ -21,6 +21,7 @@ import time
 from dataclasses import replace
 from typing import List, Optional
 
+from ..arbiter.cli import class_reserve_arg
 from ..arbiter.core import Arbiter
 from ..method import units
 from ..method.config import PriorityConfig
@@ -131,7 +132,7 @@ def build_parser() -> argparse.ArgumentParser:
       help="the product arbiter's cross-job order (its --order; default burst)")
     a("--arbiter-credit", type=_bytes, default=8 * 1024 * 1024,
       help="granted-but-unfinished bytes per link (default 8MiB, the arbiter's default)")
-    a("--arbiter-class-reserve", type=_float_range(0, 1), default=0.0,
+    a("--arbiter-class-reserve", type=class_reserve_arg, default=0.0,
       help="share of the link credit kept free for the highest connected job class "
            "(the arbiter's --class-reserve; default 0 = off, its default)")
     a("--starvation-bound", type=units.arg(units.parse_int, 0), default=8,

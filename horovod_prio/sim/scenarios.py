@@ -32,6 +32,7 @@ import sys
 from dataclasses import replace
 from typing import Dict, List, Optional
 
+from ..arbiter.cli import class_reserve_arg
 from ..method import units
 from ..method.config import PriorityConfig
 from .engine import JobSpec, LinkConfig, SimResult, comm_floor, simulate, window_steps
@@ -256,7 +257,8 @@ def main(argv=None) -> int:
                    default=LinkConfig.arbiter_credit, metavar="N",
                    help="granted-but-unfinished bytes on the link (the arbiter's "
                         "--credit-bytes; default 8MiB, its default)")
-    p.add_argument("--arbiter-class-reserve", type=float, default=LinkConfig.arbiter_class_reserve,
+    p.add_argument("--arbiter-class-reserve", type=class_reserve_arg,
+                   default=LinkConfig.arbiter_class_reserve,
                    metavar="F", help="share of the credit kept free for the highest connected "
                    "class (the arbiter's --class-reserve; default 0 = off, its default)")
     p.add_argument("--out", default=None)
@@ -265,10 +267,6 @@ def main(argv=None) -> int:
                       collective_overhead=a.collective_overhead, arbiter_rtt=a.arbiter_rtt,
                       arbiter_credit=a.arbiter_credit,
                       arbiter_class_reserve=a.arbiter_class_reserve)
-    try:
-        link.validate()
-    except ValueError as e:
-        p.error(str(e))
     prof = get_profile(a.model)
     pcfg = PriorityConfig.from_env({}, relative_coefficient=0.1, count_threshold=10,
                                    warmup_batches=2)
