@@ -31,7 +31,9 @@ warm-up are only recorded, then ``min`` is their minimum and the slack makes
 the threshold ``median + 3 * (q90 - median) + 0.05 * median`` of them
 (``coefficient`` = that - ``min``): the ordinary spread of a quiet run, even a
 heavy-tailed one, does not count as slow, while a link shared with another
-job's traffic adds far more.
+job's traffic adds far more. ``q90`` is the nearest-rank 90th percentile, but
+never the largest of three or more batches (below ten that rank would be the
+maximum): one slow batch in a short calibration cannot set the slack.
 
 "Raise the priority of the low-ranked tasks" (claims 1, 4) = add
 ``boost * step`` to the base priority of the last ``adjust_groups`` groups
@@ -308,7 +310,11 @@ class AdaptivePriorityPolicy:
 
     def _calibrate(self) -> None:
         xs = sorted(self._calibration)
-        q90 = xs[min(len(xs) - 1, int(math.ceil(0.9 * len(xs))) - 1)]
+        n = len(xs)
+        # the 90th percentile (nearest rank), but never the single largest of
+        # three or more: below ten batches that rank is the maximum, and one
+        # slow batch (a late warm-up step) would set the whole run's slack
+        q90 = xs[min(int(math.ceil(0.9 * n)) - 1, n - 2) if n >= 3 else n - 1]
         median = xs[len(xs) // 2]
         self._min = xs[0]
         self._coefficient = median + 3.0 * (q90 - median) + 0.05 * median - xs[0]
