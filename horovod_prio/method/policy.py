@@ -33,7 +33,10 @@ the threshold ``median + 3 * (q90 - median) + 0.05 * median`` of them
 heavy-tailed one, does not count as slow, while a link shared with another
 job's traffic adds far more. ``q90`` is the nearest-rank 90th percentile, but
 never the largest of three or more batches (below ten that rank would be the
-maximum): one slow batch in a short calibration cannot set the slack.
+maximum): one slow batch in a short calibration cannot set the slack; and the
+threshold is at most ``1.25 * median`` (:data:`MAX_MEASURED_SLACK`), so
+several cannot either (a late warm-up step or a burst of another job's
+traffic while calibrating).
 
 "Raise the priority of the low-ranked tasks" (claims 1, 4) = add
 ``boost * step`` to the base priority of the last ``adjust_groups`` groups
@@ -51,6 +54,11 @@ from dataclasses import dataclass
 from typing import Callable, Deque, Dict, List, Optional, Sequence, Tuple
 
 __all__ = ["PolicyEvent", "AdaptivePriorityPolicy", "EVENT_KINDS"]
+
+#: The measured threshold is at most this much above the calibration's median
+#: (a relative share): slow steps inside the calibration window cannot lift it
+#: above what another job's traffic adds.
+MAX_MEASURED_SLACK = 0.25
 
 #: Every ``PolicyEvent.kind``.
 EVENT_KINDS = ("warmup", "calibrate", "new_min", "within", "slow", "decay")
@@ -315,9 +323,11 @@ class AdaptivePriorityPolicy:
         # three or more: below ten batches that rank is the maximum, and one
         # slow batch (a late warm-up step) would set the whole run's slack
         q90 = xs[min(int(math.ceil(0.9 * n)) - 1, n - 2) if n >= 3 else n - 1]
-        median = xs[len(xs) // 2]
+        median = xs[n // 2]
         self._min = xs[0]
-        self._coefficient = median + 3.0 * (q90 - median) + 0.05 * median - xs[0]
+        threshold = min(median + 3.0 * (q90 - median) + 0.05 * median,
+                        (1.0 + MAX_MEASURED_SLACK) * median)
+        self._coefficient = threshold - xs[0]
 
     # ---------------------------------------------------------------- events
     def add_listener(self, fn: Callable[[PolicyEvent], None]) -> Callable[[PolicyEvent], None]:

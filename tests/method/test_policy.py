@@ -412,3 +412,22 @@ def test_measured_threshold_one_slow_calibration_batch_does_not_set_the_slack():
     for t in (1.0, 2.0):
         r.after_batch(t)
     assert r.threshold == pytest.approx(2.0 + 3 * 0.0 + 0.1)
+
+
+def test_measured_threshold_is_at_most_a_quarter_above_the_calibration_median():
+    """Several slow batches in the calibration window (two of five here, as
+    in testbed repeats whose slack read 0.5-1.4 s for a 0.3-0.5 s step) cannot
+    lift the threshold beyond 1.25 x the median: a 1.4x slowdown still counts."""
+    from horovod_prio.method.policy import MAX_MEASURED_SLACK
+    assert MAX_MEASURED_SLACK == 0.25
+    p = make(coefficient=None, warmup_batches=0, calibration_batches=5, count_threshold=1000)
+    for t in (0.53, 0.46, 0.30, 0.28, 0.29):
+        p.after_batch(t)
+    assert p.threshold == pytest.approx(1.25 * 0.30)
+    assert p.coefficient == pytest.approx(1.25 * 0.30 - 0.28)
+    assert p.after_batch(0.42) == "slow"
+    # a quiet calibration stays below the cap: the measured rule decides
+    q = make(coefficient=None, warmup_batches=0, calibration_batches=5, count_threshold=1000)
+    for t in (1.00, 1.02, 1.01, 1.03, 1.00):
+        q.after_batch(t)
+    assert q.threshold == pytest.approx(1.01 + 3 * 0.01 + 0.0505)
