@@ -10,7 +10,9 @@ current rule (``AdaptivePriorityPolicy`` fed the same steps) beside the rule
 before 2026-12-05 (git 4922ebd: the nearest-rank q90, which below ten
 batches is the maximum, and no cap) — as a multiple of the calibration's
 median. A threshold far above the median hides a slowdown of that size from
-the monitor: the boost never rises.
+the monitor: the boost never rises. A calibration the run ended before
+(fewer steps than ``calibration_batches``: the monitor never judged a step)
+is listed as not applied and left out of the counts.
 
     python -m benchmarks.monitor_thresholds results/cluster/join-* [--above 1.3] [--json]
 """
@@ -42,14 +44,17 @@ def threshold_now(xs):
 
 
 def calibrations(results):
-    """``[(variant, repeat, job index, [calibration seconds])]`` of one run file."""
+    """``[(variant, repeat, job index, [calibration seconds], applied)]`` of one
+    run file; ``applied``: the calibration finished (its last event carries the
+    threshold it set), so the monitor judged the later steps by it."""
     out = []
     for r in results.get("runs", []):
         for i, job in enumerate(r.get("jobs") or []):
-            xs = [e["args"]["seconds"] for e in job.get("trace_events") or []
-                  if (e.get("args") or {}).get("kind") == "calibrate"]
-            if xs:
-                out.append((r.get("variant"), r.get("repeat"), i, xs))
+            cal = [e["args"] for e in job.get("trace_events") or []
+                   if (e.get("args") or {}).get("kind") == "calibrate"]
+            if cal:
+                out.append((r.get("variant"), r.get("repeat"), i, [a["seconds"] for a in cal],
+                            cal[-1].get("threshold") is not None))
     return out
 
 
@@ -61,11 +66,11 @@ def rows(dirs):
             results = json.loads(f.read_text())
         except (OSError, ValueError) as e:
             raise SystemExit(f"monitor_thresholds: cannot read {f}: {e}")
-        for variant, rep, job, xs in calibrations(results):
+        for variant, rep, job, xs, applied in calibrations(results):
             med = sorted(xs)[len(xs) // 2]
             out.append({"run": Path(d).name, "variant": variant, "repeat": rep, "job": job,
-                        "n": len(xs), "median": med, "before": threshold_before(xs),
-                        "now": threshold_now(xs)})
+                        "n": len(xs), "applied": applied, "median": med,
+                        "before": threshold_before(xs), "now": threshold_now(xs)})
     return out
 
 
@@ -83,16 +88,18 @@ def main(argv=None):
     if a.json:
         print(json.dumps(rs, indent=1))
         return 0
-    print("| run | variant | repeat | job | steps | median s | threshold before | now |")
-    print("|---|---|---|---|---|---|---|---|")
+    print("| run | variant | repeat | job | steps | applied | median s | threshold before | now |")
+    print("|---|---|---|---|---|---|---|---|---|")
     for r in rs:
         m = r["median"]
-        print(f"| {r['run']} | {r['variant']} | {r['repeat']} | {r['job']} | {r['n']} | {m:.3f} | "
+        print(f"| {r['run']} | {r['variant']} | {r['repeat']} | {r['job']} | {r['n']} | "
+              f"{'yes' if r['applied'] else 'no'} | {m:.3f} | "
               f"{r['before']:.3f} ({r['before'] / m:.2f}x) | {r['now']:.3f} ({r['now'] / m:.2f}x) |")
-    nb = sum(r["before"] > a.above * r["median"] for r in rs)
-    nn = sum(r["now"] > a.above * r["median"] for r in rs)
-    print(f"\n{len(rs)} calibrations; threshold above {a.above:g} x the median: "
-          f"before {nb}, now {nn}")
+    done = [r for r in rs if r["applied"]]
+    nb = sum(r["before"] > a.above * r["median"] for r in done)
+    nn = sum(r["now"] > a.above * r["median"] for r in done)
+    print(f"\n{len(done)} applied calibrations ({len(rs) - len(done)} not finished in the run); "
+          f"threshold above {a.above:g} x the median: before {nb}, now {nn}")
     return 0
 
 
