@@ -7,8 +7,8 @@ prio/arb job recorded in a testbed run (the ``calibrate`` events of its
 rank-0 trace, ``benchmarks.cluster`` ``results.json``) and prints, per job and
 repeat, the threshold the monitor's rule gives on them — the product's
 current rule (``AdaptivePriorityPolicy`` fed the same steps) beside the rule
-before 2026-12-05 (git 4922ebd: the nearest-rank q90, which below ten
-batches is the maximum, and no cap) — as a multiple of the calibration's
+until 2026-12-05 (changed in git 4922ebd and c269dd8: the nearest-rank q90,
+which below ten batches is the maximum, and no cap) — as a multiple of the calibration's
 median. A threshold far above the median hides a slowdown of that size from
 the monitor: the boost never rises. A calibration the run ended before
 (fewer steps than ``calibration_batches``: the monitor never judged a step)
@@ -26,7 +26,7 @@ from horovod_prio.method.policy import AdaptivePriorityPolicy
 
 
 def threshold_before(xs):
-    """The measured threshold before git 4922ebd (q90 by nearest rank, no cap)."""
+    """The measured threshold until git 4922ebd (q90 by nearest rank, no cap)."""
     s = sorted(xs)
     n = len(s)
     med = s[n // 2]
