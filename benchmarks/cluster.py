@@ -563,7 +563,9 @@ def run_stats(rec: dict) -> dict:
         else:
             d_sh, d_al = (d_all, []) if len(jobs) == 1 else ([], d_all)
         pol = report.policy_series(j)
-        first = bool(win and st and st[0][0] < win[0] - 1e-6)   # ran alone before the join
+        # ran alone before the join: at least one whole step before the others
+        # measured (jobs started together begin a few ms apart; that is no join)
+        first = bool(win and any(e <= win[0] + 1e-6 for _, e in st))
         rec_steps = None
         if first and d_al:
             rec_steps = recovery_steps([(s, e - s) for s, e in st], win[0] - 1e-6,
@@ -752,7 +754,7 @@ def markdown(results: dict) -> str:
               "step, median over jobs and repeats. grants queued: arbiter --stats (waits / "
               "grants on link 'uplink') between the common start and the end. boost: the "
               "horovod_prio logger's policy events (rank 0). recovery (a job that ran alone "
-              "before the others joined): its steps from the join until one is within 10 % "
+              "at least one whole step before the others joined): its steps from the join until one is within 10 % "
               "of its alone s/step, counting that one ('never': none was), per repeat; "
               "the simulator's rule (horovod_prio.sim.scenarios.recovery_steps). "
               "core: fraction of the shared "

@@ -243,6 +243,18 @@ def test_recovery_of_the_job_that_ran_alone_counts_steps_from_the_join():
     assert "| recovery, per repeat |" in md and "| 3 / never |" in md
 
 
+def test_jobs_started_together_have_no_recovery():
+    """Two jobs released together start their first measured steps a few ms
+    apart; the earlier one did not run alone, so it gets no recovery (a
+    2026-12-05 identical-jobs report read 'never' for it)."""
+    r = _run("spec", 0, 0.5, 0.5, arb=True)
+    r["jobs"][0] = _job("job0", "arb", "prio", ["a1", "b1"], 0.5, 0.0, n=12)
+    r["jobs"][1] = _job("job1", "arb", "prio", ["a2", "b2"], 0.5, 0.005, n=6)
+    st = cluster.run_stats(r)
+    assert st["window"] and st["jobs"][0]["n_alone"] > 0          # job0 outlasts job1
+    assert [j["recovery"] for j in st["jobs"]] == [None, None]
+
+
 def test_run_stats_shared_window_alone_steps_and_uplink_share():
     st = cluster.run_stats(_run("spec", 0, 0.4, 0.5, arb=True))
     # job1 joins 2 s later: the shared window starts at its first measured step
