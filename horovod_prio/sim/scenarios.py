@@ -237,6 +237,18 @@ def _git_rev():
         return None
 
 
+SCENARIOS = {"identical": identical, "classes": classes, "join": join}
+
+
+def _scenario_list(text):
+    names = [n.strip() for n in text.split(",")]
+    bad = [n for n in names if n not in SCENARIOS]
+    if bad:
+        raise argparse.ArgumentTypeError(
+            "expected scenarios among %s, got %r" % (", ".join(SCENARIOS), text))
+    return names
+
+
 def main(argv=None) -> int:
     from .cli import parse_duration, parse_rate
     p = argparse.ArgumentParser(prog="python -m horovod_prio.sim.scenarios",
@@ -245,9 +257,10 @@ def main(argv=None) -> int:
                    help="builtin (%s) or a profile JSON path" % ", ".join(sorted(BUILTIN)))
     p.add_argument("--jobs", type=units.arg(units.parse_int, 2), default=2)
     p.add_argument("--workers", type=units.arg(units.parse_int, 2), default=8)
-    p.add_argument("--bandwidth", default="25gbit", help="e.g. 1gbit, 25gbit")
+    p.add_argument("--bandwidth", type=parse_rate, default="25gbit", help="e.g. 1gbit, 25gbit")
     p.add_argument("--topology", choices=("nic", "bus"), default="nic")
-    p.add_argument("--scenarios", default="identical,classes,join")
+    p.add_argument("--scenarios", type=_scenario_list, default="identical,classes,join",
+                   help="comma-separated: %s" % ",".join(SCENARIOS))
     p.add_argument("--steps", type=units.arg(units.parse_int, 10), default=40)
     p.add_argument("--collective-overhead", type=parse_duration, default=0.0, metavar="T",
                    help="per-collective cost before it occupies the link (e.g. 6ms; default 0)")
@@ -263,7 +276,7 @@ def main(argv=None) -> int:
                    "class (the arbiter's --class-reserve; default 0 = off, its default)")
     p.add_argument("--out", default=None)
     a = p.parse_args(argv)
-    link = LinkConfig(bandwidth=parse_rate(a.bandwidth), topology=a.topology,
+    link = LinkConfig(bandwidth=a.bandwidth, topology=a.topology,
                       collective_overhead=a.collective_overhead, arbiter_rtt=a.arbiter_rtt,
                       arbiter_credit=a.arbiter_credit,
                       arbiter_class_reserve=a.arbiter_class_reserve)
@@ -271,8 +284,8 @@ def main(argv=None) -> int:
     pcfg = PriorityConfig.from_env({}, relative_coefficient=0.1, count_threshold=10,
                                    warmup_batches=2)
     results = []
-    for name in a.scenarios.split(","):
-        fn = {"identical": identical, "classes": classes, "join": join}[name.strip()]
+    for name in a.scenarios:
+        fn = SCENARIOS[name]
         kw = {"steps": a.steps} if name.strip() != "join" else {}
         results.append(fn(prof, a.workers, link, pcfg, jobs=a.jobs, **kw))
     table = _table(results)

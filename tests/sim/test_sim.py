@@ -771,7 +771,8 @@ def test_scenarios_cli_records_its_command_and_takes_the_job_side_costs(tmp_path
     assert t0["link_busy"]["prio"] < b0["link_busy"]["prio"]
     assert t0["hvd_mean_s"] == b0["hvd_mean_s"]
     for flag, bad in (("--arbiter-rtt", "soon"), ("--arbiter-credit", "0"),
-                      ("--arbiter-credit", "lots")):
+                      ("--arbiter-credit", "lots"), ("--bandwidth", "0"),
+                      ("--scenarios", "join,foo")):
         capsys.readouterr()
         with pytest.raises(SystemExit):
             scenarios.main([flag, bad])
