@@ -99,15 +99,6 @@ class Plan:
             lst.sort(key=lambda cs: cs[1].offset)
         return out
 
-    def positions(self) -> Tuple[int, ...]:
-        """Per chunk, the task position of the input-most layer it holds a piece
-        of (tasks are in backprop order: the higher, the earlier the next
-        forward pass needs the chunk). hvd.overlap breaks ties between equal
-        priorities with it."""
-        task_of = {t: i for i, task in enumerate(self.tasks) for t in task}
-        return tuple(max(task_of[s.tensor] for s in c.segments) if c.segments else 0
-                     for c in self.chunks)
-
     def group_of_tensor(self) -> Dict[int, int]:
         return {t: g for g, grp in enumerate(self.groups) for task in grp for t in self.tasks[task]}
 

@@ -24,7 +24,7 @@ __all__ = ["Scheduler", "SchedulerError", "library_path", "STATS_FIELDS", "UNLIM
            "CANCEL_RESULTS"]
 
 LIBRARY = "libhvdprio_scheduler.so"
-API_VERSION = 3
+API_VERSION = 2
 #: ``credit_bytes`` value meaning "no byte limit".
 UNLIMITED = (1 << 63) - 1
 STATS_FIELDS = (
@@ -85,7 +85,7 @@ def _load():
             "hvdprio_configure": (c_int, [h, i64, c_int]),
             "hvdprio_set_tracing": (None, [h, c_int]),
             "hvdprio_set_max_events": (None, [h, i64]),
-            "hvdprio_submit": (u64, [h, ctypes.c_char_p, i64, i64, i64]),
+            "hvdprio_submit": (u64, [h, ctypes.c_char_p, i64, i64]),
             "hvdprio_take_released": (i64, [h, ctypes.POINTER(u64), i64]),
             "hvdprio_take_requests": (i64, [h, ctypes.POINTER(u64), i64p, i64p, i64]),
             "hvdprio_complete": (c_int, [h, ctypes.c_char_p]),
@@ -186,15 +186,13 @@ class Scheduler:
         self._lib.hvdprio_set_max_events(self._h, n)
 
     # ------------------------------------------------------------ polling calls
-    def submit(self, name, priority, nbytes, position=0):
+    def submit(self, name, priority, nbytes):
         """Submit a chunk without a release callback; returns its ticket. Released
-        tickets are collected with :meth:`take_released`. ``position`` breaks ties
-        between equal priorities (higher first, then submission order)."""
+        tickets are collected with :meth:`take_released`."""
         raw = _check_name(name, "submit")
         _check_int(priority, "submit: priority", -(1 << 63), (1 << 63) - 1)
         _check_int(nbytes, "submit: nbytes", 0)
-        _check_int(position, "submit: position", -(1 << 63), (1 << 63) - 1)
-        return int(self._lib.hvdprio_submit(self._h, raw, priority, position, nbytes))
+        return int(self._lib.hvdprio_submit(self._h, raw, priority, nbytes))
 
     def take_released(self):
         """Tickets released since the last call, in release order."""
@@ -264,7 +262,7 @@ class Scheduler:
     # ------------------------------------------------------------ observation
     def drain_events(self):
         """Return and forget the recorded events, oldest first, as dicts with keys kind,
-        name, ticket, priority, position, bytes, t_us (system clock, microseconds), queued,
+        name, ticket, priority, bytes, t_us (system clock, microseconds), queued,
         inflight_bytes and, for "request"/"release", waiting and waiting_max_priority."""
         cap = 1 << 16
         while True:

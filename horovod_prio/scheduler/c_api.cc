@@ -52,7 +52,7 @@ void AppendJsonString(std::string* out, const std::string& s) {
 
 extern "C" {
 
-int hvdprio_api_version(void) { return 3; }
+int hvdprio_api_version(void) { return 2; }
 
 hvdprio_scheduler* hvdprio_global(void) {
   // Leaked on purpose, like Scheduler::Get().
@@ -86,9 +86,9 @@ void hvdprio_set_max_events(hvdprio_scheduler* h, int64_t max_events) {
 }
 
 uint64_t hvdprio_submit(hvdprio_scheduler* h, const char* name, int64_t priority,
-                        int64_t position, int64_t bytes) {
+                        int64_t bytes) {
   if (name == nullptr || bytes < 0) return 0;
-  return h->s->Submit(name, priority, bytes, nullptr, position);
+  return h->s->Submit(name, priority, bytes);
 }
 
 int64_t hvdprio_take_released(hvdprio_scheduler* h, uint64_t* out, int64_t n) {
@@ -163,7 +163,6 @@ int64_t hvdprio_drain_events(hvdprio_scheduler* h, char* buf, int64_t cap) {
     AppendJsonString(&text, e.name);
     text.append(",\"ticket\":" + std::to_string(e.ticket));
     text.append(",\"priority\":" + std::to_string(e.priority));
-    text.append(",\"position\":" + std::to_string(e.position));
     text.append(",\"bytes\":" + std::to_string(e.bytes));
     text.append(",\"t_us\":" + std::to_string(e.t_us));
     text.append(",\"queued\":" + std::to_string(e.queued));

@@ -34,10 +34,9 @@ void hvdprio_set_tracing(hvdprio_scheduler* h, int on);
 void hvdprio_set_max_events(hvdprio_scheduler* h, int64_t max_events);
 
 // Polling interface (chunks submitted here have no release callback).
-// submit returns the ticket (> 0), or 0 if bytes < 0.  position: the tie-break
-// among equal priorities (higher first; 0 for plain submission order).
+// submit returns the ticket (> 0), or 0 if bytes < 0.
 uint64_t hvdprio_submit(hvdprio_scheduler* h, const char* name, int64_t priority,
-                        int64_t position, int64_t bytes);
+                        int64_t bytes);
 // Moves up to n released tickets into out (oldest first); returns how many.
 // Call again while it returns n.
 int64_t hvdprio_take_released(hvdprio_scheduler* h, uint64_t* out, int64_t n);
@@ -62,7 +61,7 @@ void hvdprio_set_grant_callbacks(hvdprio_scheduler* h, hvdprio_request_cb reques
 int hvdprio_grant(hvdprio_scheduler* h, uint64_t ticket);
 
 // Moves the recorded events into a pending JSON-lines text (one object per
-// line: kind, name, ticket, priority, position, bytes, t_us, queued, inflight_bytes
+// line: kind, name, ticket, priority, bytes, t_us, queued, inflight_bytes
 // and, for "request"/"release", waiting and waiting_max_priority).  If buf
 // is not NULL and cap is at least the text length + 1, copies the text with a
 // terminating NUL, clears it and returns its length; otherwise returns

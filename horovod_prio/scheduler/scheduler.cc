@@ -65,7 +65,6 @@ void Scheduler::RecordLocked(const char* kind, uint64_t ticket, const Chunk& c) 
   e.name = c.name;
   e.ticket = ticket;
   e.priority = c.priority;
-  e.position = c.position;
   e.bytes = c.bytes;
   e.t_us = NowUs();
   e.queued = static_cast<int64_t>(waiting_.size());
@@ -161,7 +160,7 @@ void Scheduler::Deliver(std::unique_lock<std::mutex>* lk, Pending* p) {
 }
 
 uint64_t Scheduler::Submit(const std::string& name, int64_t priority,
-                           int64_t bytes, Release release, int64_t position) {
+                           int64_t bytes, Release release) {
   if (bytes < 0) {
     throw std::invalid_argument("bytes must be >= 0, got " +
                                 std::to_string(bytes) + " for chunk " + name);
@@ -172,11 +171,10 @@ uint64_t Scheduler::Submit(const std::string& name, int64_t priority,
   Chunk& c = chunks_[ticket];
   c.name = name;
   c.priority = priority;
-  c.position = position;
   c.bytes = bytes;
   c.release = std::move(release);
   c.state = kWaitingState;
-  waiting_.emplace(Key{priority, position, ticket}, ticket);
+  waiting_.emplace(Key{-priority, ticket}, ticket);
   RecordLocked("ready", ticket, c);
   Pending p;
   PumpLocked(&p);
@@ -265,7 +263,7 @@ CancelResult Scheduler::Cancel(uint64_t ticket) {
     result = CancelResult::kInFlight;
   } else {
     if (c.state == kWaitingState) {
-      waiting_.erase(Key{c.priority, c.position, ticket});
+      waiting_.erase(Key{-c.priority, ticket});
       result = CancelResult::kWaiting;
     } else {
       requested_.erase(std::find(requested_.begin(), requested_.end(), ticket));

@@ -3,8 +3,7 @@
 // The release rule. Chunks are Submit()ted with a name, a priority and a size
 // in bytes; Submit returns a ticket that names this one submission from then
 // on.  In hold mode the scheduler keeps chunks waiting and releases the
-// highest priority first (ties: the higher position, then the one submitted
-// first; positions default to 0) while the bytes
+// highest priority first (ties: the one submitted first) while the bytes
 // released-but-not-completed ("in flight") stay within credit_bytes.  A chunk
 // is always released when nothing is in flight, even if it is larger than the
 // credit.  Strict priority: when the best waiting chunk does not fit, nothing
@@ -44,7 +43,6 @@
 #include <map>
 #include <mutex>
 #include <string>
-#include <tuple>
 #include <unordered_map>
 #include <utility>
 #include <vector>
@@ -69,7 +67,6 @@ struct Event {
   std::string name;
   uint64_t ticket = 0;
   int64_t priority = 0;
-  int64_t position = 0;  // the tie-break Submit was given
   int64_t bytes = 0;
   int64_t t_us = 0;  // std::chrono::system_clock, microseconds since epoch
   int64_t queued = 0;
@@ -130,12 +127,9 @@ class Scheduler {
 
   // Returns the chunk's ticket (never 0).  With a release callback, it may
   // already have run (on this thread) when Submit returns; without one, the
-  // ticket is queued for TakeReleased().  position breaks ties between equal
-  // priorities (higher first, before submission order): hvd.overlap gives a
-  // chunk the task position of its input-most layer, so among equal
-  // priorities the chunk the next forward pass needs first goes first.
+  // ticket is queued for TakeReleased().
   uint64_t Submit(const std::string& name, int64_t priority, int64_t bytes,
-                  Release release = nullptr, int64_t position = 0);
+                  Release release = nullptr);
   // Tickets released since the last call (chunks submitted without a callback).
   std::vector<uint64_t> TakeReleased();
 
@@ -188,7 +182,6 @@ class Scheduler {
   struct Chunk {
     std::string name;
     int64_t priority;
-    int64_t position;
     int64_t bytes;
     Release release;
     State state;
@@ -197,17 +190,8 @@ class Scheduler {
     int64_t waiting_max = INT64_MIN;
   };
   using Pending = std::vector<std::function<void()>>;
-  // Waiting order: priority descending, then position descending, then
-  // submission order (= ticket).  Compared directly (no negation: INT64_MIN
-  // is a valid priority and position).
-  using Key = std::tuple<int64_t /*priority*/, int64_t /*position*/, uint64_t /*ticket*/>;
-  struct KeyOrder {
-    bool operator()(const Key& a, const Key& b) const {
-      if (std::get<0>(a) != std::get<0>(b)) return std::get<0>(a) > std::get<0>(b);
-      if (std::get<1>(a) != std::get<1>(b)) return std::get<1>(a) > std::get<1>(b);
-      return std::get<2>(a) < std::get<2>(b);
-    }
-  };
+  // Waiting order: priority descending, then submission order (= ticket).
+  using Key = std::pair<int64_t /*-priority*/, uint64_t /*ticket*/>;
 
   void PumpLocked(Pending* p);
   void ReleaseLocked(uint64_t ticket, Chunk* c, Pending* p);
@@ -228,7 +212,7 @@ class Scheduler {
 
   uint64_t next_ticket_ = 1;
   std::unordered_map<uint64_t, Chunk> chunks_;  // every chunk not finished
-  std::map<Key, uint64_t, KeyOrder> waiting_;
+  std::map<Key, uint64_t> waiting_;
   std::deque<uint64_t> requested_;              // request order
   // In-flight tickets per name, oldest first (Complete by name).
   std::unordered_map<std::string, std::deque<uint64_t>> inflight_by_name_;

@@ -400,7 +400,6 @@ class _Job:
             self.task_nchunks = [len({c for c, _ in pieces[t]}) for t in range(nt)]
             self.chunk_tasks = [sorted({seg.tensor for seg in c.segments})
                                 for c in self.plan.chunks]
-            self.positions = self.plan.positions()   # the product's tie-break
             self.fwd_wait = None
         # horovod engine state
         self.hq: List = []
@@ -484,7 +483,7 @@ class _Job:
     def _take(self, s, ci):
         _, g, name, size = self.chunks[ci]
         prio = self.step_prios[s][g]
-        ticket = self.sched.submit(name, prio, size, self.positions[ci])
+        ticket = self.sched.submit(name, prio, size)
         self.ticket_bytes[ticket] = (size, prio)
         self.ticket_step[ticket] = (s, ci)
         self._pump()

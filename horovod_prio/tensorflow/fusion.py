@@ -163,9 +163,8 @@ class PriorityAllreduce:
                 out[i] = r
             return out
 
-    def reduce_chunk(self, x, priority, name, position=0):
-        """One fused chunk through the scheduler and Horovod's allreduce
-        (``position``: the tie-break among equal priorities, see :func:`ops.gate`).
+    def reduce_chunk(self, x, priority, name):
+        """One fused chunk through the scheduler and Horovod's allreduce.
 
         On CPU: one HvdPrioAllreduce op (released and completed off
         TensorFlow's inter-op threads, see :func:`ops.allreduce`). Where Horovod
@@ -174,8 +173,8 @@ class PriorityAllreduce:
         """
         if self._one_op():
             return ops.allreduce(x, priority, name, self.op, self.prescale, self.postscale,
-                                 self.process_set.process_set_id, position=position)
-        x = ops.gate(x, priority, name, position=position)
+                                 self.process_set.process_set_id)
+        x = ops.gate(x, priority, name)
         x = _hvd.allreduce(x, op=self.op, prescale_factor=self.prescale,
                            postscale_factor=self.postscale, name=name,
                            process_set=self.process_set, ignore_name_scope=True)

@@ -134,20 +134,10 @@ def _priority_tensor(priority, name, what):
         priority, dtype=tf.int32)
 
 
-def _check_position(position, name, what):
-    if isinstance(position, bool) or not isinstance(position, int) \
-            or not -2**63 <= position < 2**63:
-        raise ValueError("%s(%s): position must be an int64 int, got %r" % (what, name, position))
-    return position
-
-
-def gate(tensor, priority, name, abandon_on_cancel=None, position=0):
+def gate(tensor, priority, name, abandon_on_cancel=None):
     """Return ``tensor`` once the scheduler releases chunk ``name`` (op HvdPrioGate).
 
     ``priority``: int or int32 scalar tensor, higher goes first.
-    ``position``: int, breaks ties between equal priorities (higher first,
-    then the order chunks became ready); :func:`~horovod_prio.tensorflow.
-    overlapped` gives each chunk its input-most task, plain steps 0.
     ``abandon_on_cancel``: a chunk still in flight when the step (the function
     call) is cancelled or ends is abandoned; default: when built in a graph,
     where the chunk's ``done`` runs in the same call. Pass False for a chunk
@@ -156,16 +146,14 @@ def gate(tensor, priority, name, abandon_on_cancel=None, position=0):
     _check_name(name, "gate")
     ops = load()
     priority = _priority_tensor(priority, name, "gate")
-    position = _check_position(position, name, "gate")
     if abandon_on_cancel is None:
         abandon_on_cancel = not tf.executing_eagerly()
     return independent(ops.hvd_prio_gate(tensor, priority, chunk_name=name,
-                                         abandon_on_cancel=bool(abandon_on_cancel),
-                                         position=position))
+                                         abandon_on_cancel=bool(abandon_on_cancel)))
 
 
 def allreduce(tensor, priority, name, op, prescale_factor=1.0, postscale_factor=1.0,
-              process_set_id=0, abandon_on_cancel=None, position=0):
+              process_set_id=0, abandon_on_cancel=None):
     """``gate`` + Horovod's allreduce + ``done`` as one op (HvdPrioAllreduce, CPU).
 
     Held until the scheduler releases chunk ``name``; then Horovod's own
@@ -174,13 +162,11 @@ def allreduce(tensor, priority, name, op, prescale_factor=1.0, postscale_factor=
     name=name, ignore_name_scope=True)`` builds, so the arithmetic is Horovod's)
     from the releasing thread, and the chunk completes in Horovod's callback:
     a chunk granted while TensorFlow's inter-op threads are busy reaches
-    Horovod at once. ``priority``, ``abandon_on_cancel`` and ``position`` as for
-    :func:`gate`.
+    Horovod at once. ``priority`` and ``abandon_on_cancel`` as for :func:`gate`.
     """
     _check_name(name, "allreduce")
     ops = load()
     priority = _priority_tensor(priority, name, "allreduce")
-    position = _check_position(position, name, "allreduce")
     if abandon_on_cancel is None:
         abandon_on_cancel = not tf.executing_eagerly()
     # The node is named after the chunk: Horovod's tensor name is that name
@@ -189,7 +175,7 @@ def allreduce(tensor, priority, name, op, prescale_factor=1.0, postscale_factor=
         tensor, priority, chunk_name=name, abandon_on_cancel=bool(abandon_on_cancel),
         reduce_op=int(op), prescale_factor=float(prescale_factor),
         postscale_factor=float(postscale_factor), process_set_id=int(process_set_id),
-        position=position, name=name))
+        name=name))
 
 
 def done(tensor, name):

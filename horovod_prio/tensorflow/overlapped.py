@@ -412,14 +412,11 @@ class _Pipeline:
         iterations, priorities = meta[0], meta[1]
         hypers = {n: t for (n, _), t in zip(self.hypers, meta[2:])}
         reduced = []
-        # Among equal priorities the chunk the next forward needs first goes first.
-        positions = self.plan.positions()
         with tf.device(base.device_dense):
             for c, chunk in enumerate(self.plan.chunks):
                 x = take(ticket, self.chunk_slot0 + c, tf.as_dtype(chunk.dtype), [chunk.nelems])
                 if self.size > 1:
-                    x = base.reduce_chunk(x, priorities[chunk.group], chunk.name,
-                                          position=positions[c])
+                    x = base.reduce_chunk(x, priorities[chunk.group], chunk.name)
                 reduced.append(x)
             pieces = self.plan.pieces()
             grads = []

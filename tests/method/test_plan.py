@@ -26,19 +26,6 @@ def test_chunks_cover_their_group_in_backprop_order_and_cut_every_partition():
                                                               (2, 224, 76)]
 
 
-def test_positions_are_each_chunks_input_most_task():
-    """A chunk's position is the highest task (backprop order: the nearest the
-    input) it holds a piece of; a chunk cut across two tasks takes the later."""
-    specs = [TensorSpec(100), TensorSpec(10), TensorSpec(300), TensorSpec(20)]
-    tasks = [[3], [2], [1, 0]]
-    plan = make_plan(specs, tasks, [[0, 1, 2]], partition_bytes=4 * 128, prefix="opt")
-    covered = [sorted({s.tensor for s in c.segments}) for c in plan.chunks]
-    assert covered == [[2, 3], [2], [0, 1, 2], [0]]
-    assert plan.positions() == (1, 1, 2, 2)
-    two = make_plan(specs, [[3, 2], [1, 0]], [[0], [1]], partition_bytes=1 << 20)
-    assert two.positions() == (0, 1)
-
-
 def test_without_split_tensors_a_gradient_is_never_cut_and_big_ones_go_alone():
     """Where no chunk can be held back (PriorityConfig.splits_tensors) a
     gradient is never cut (its pieces would leave together), one of at least

@@ -39,27 +39,6 @@ def test_polling_release_order_and_credit():
     assert s.stats()["max_inflight_bytes"] <= 100
 
 
-def test_equal_priorities_go_by_position_then_submission():
-    """The polling API passes ``position`` through: among equal priorities the
-    higher position goes first, equal positions in submission order, and the
-    trace records each chunk's position."""
-    s = Scheduler()
-    s.configure(0, True)
-    s.set_tracing(True)
-    first = s.submit("first", 0, 10, position=9)
-    a = s.submit("a", 2, 10, position=1)
-    b = s.submit("b", 2, 10, position=4)
-    c = s.submit("c", 2, 10, position=4)
-    d = s.submit("d", 3, 10)
-    order = s.take_released()
-    while len(order) < 5:
-        assert s.complete_ticket(order[-1])
-        order += s.take_released()
-    assert order == [first, d, b, c, a]
-    ready = {e["name"]: e["position"] for e in s.drain_events() if e["kind"] == "ready"}
-    assert ready == {"first": 9, "a": 1, "b": 4, "c": 4, "d": 0}
-
-
 def test_unlimited_credit_releases_everything_at_once():
     s = Scheduler()
     s.configure(UNLIMITED, True)
@@ -120,8 +99,6 @@ def test_abandon_frees_the_credit():
     (lambda s: s.submit("", 0, 1), "name"),
     (lambda s: s.submit("x", 0, -1), "nbytes"),
     (lambda s: s.submit("x", 1.5, 1), "priority"),
-    (lambda s: s.submit("x", 1, 1, position=True), "position"),
-    (lambda s: s.submit("x", 1, 1, position=1 << 63), "position"),
     (lambda s: s.grant(0), "ticket"),
     (lambda s: s.set_max_events(-1), "set_max_events"),
 ])

@@ -32,7 +32,7 @@ def _build_and_run(tmp_path, extra_flags=()):
 def test_scheduler_core(tmp_path):
     out = _build_and_run(tmp_path)
     names = {line[5:] for line in out.splitlines() if line.startswith("PASS ")}
-    assert names == {"ordering", "position_tie_break", "credit", "oversize_alone", "strict_no_bypass", "pass_through",
+    assert names == {"ordering", "credit", "oversize_alone", "strict_no_bypass", "pass_through",
                      "unknown_completion", "duplicate_names", "config_errors_and_reset",
                      "event_bound", "callback_reentry", "external_grant", "late_grant",
                      "polling", "cancel_and_abandon", "stress"}

@@ -357,11 +357,11 @@ def test_overlap_never_puts_a_chunk_name_in_flight_twice(monkeypatch):
     inflight, dup, seen = {}, [], []
 
     class Spy(engine.Scheduler):
-        def submit(self, name, priority, nbytes, position=0):
+        def submit(self, name, priority, nbytes):
             if inflight.get(name):
                 dup.append(name)
             inflight[name] = True
-            t = super().submit(name, priority, nbytes, position)
+            t = super().submit(name, priority, nbytes)
             seen.append((t, name))
             return t
 
@@ -375,40 +375,6 @@ def test_overlap_never_puts_a_chunk_name_in_flight_twice(monkeypatch):
     r = simulate([JobSpec(overlap_toy(), 2, 6, overlap=True)], "priority", link, pc)
     assert len(r.step_times(0)) == 6 and len(seen) == 6 * 10
     assert dup == []
-
-
-def test_overlap_breaks_ties_by_position_like_the_product(monkeypatch):
-    """One group (every chunk the same priority), 8 MiB/s, one-chunk credit:
-    out's two 1 MiB chunks are ready first, mid's two next, in's last. Under
-    hvd.overlap the scheduler gets each chunk's plan position (its input-most
-    task), so a later, more input-side chunk overtakes a waiting output-side
-    one and the next forward stops waiting for it: 0.73125 s per step instead
-    of 0.93125 s when ties go in ready order."""
-    prof = Profile("tb", (Layer("in", MIB // 16, 0.1, 0.1), Layer("mid", MIB // 2, 0.1, 0.1),
-                          Layer("out", MIB // 2, 0.1, 0.1)))
-    link = LinkConfig(bandwidth=8 * MIB, latency=0.0, cycle_time=0.0)
-    pc = pcfg(partition_bytes=MIB, credit_bytes=MIB, num_groups=1)
-    given = []
-
-    class Spy(engine.Scheduler):
-        ignore_position = False
-
-        def submit(self, name, priority, nbytes, position=0):
-            given.append((name, position))
-            return super().submit(name, priority, nbytes,
-                                  0 if self.ignore_position else position)
-
-    monkeypatch.setattr(engine, "Scheduler", Spy)
-    steps = simulate([JobSpec(prof, 2, 12, overlap=True)], "priority", link, pc).step_times(0)
-    job = engine._Job(0, JobSpec(prof, 2, 1, overlap=True), engine._Sim(), None, link, pc,
-                      "priority", [])
-    want = dict(zip((c.name for c in job.plan.chunks), job.plan.positions()))
-    assert sorted(set(want.values())) == [0, 1, 2]
-    assert given and all(want[n] == p for n, p in given)
-    Spy.ignore_position = True
-    fifo = simulate([JobSpec(prof, 2, 12, overlap=True)], "priority", link, pc).step_times(0)
-    assert steps[1:-1] == pytest.approx([0.73125] * 10, rel=1e-9)
-    assert fifo[1:-1] == pytest.approx([0.93125] * 10, rel=1e-9)
 
 
 def test_overlap_uses_the_products_overlap_defaults(monkeypatch):

@@ -72,7 +72,6 @@ REGISTER_OP("HvdPrioGate")
     .Attr("T: type")
     .Attr("chunk_name: string")
     .Attr("abandon_on_cancel: bool = true")
-    .Attr("position: int = 0")
     .SetIsStateful()
     .SetShapeFn([](shape_inference::InferenceContext* c) {
       shape_inference::ShapeHandle unused;
@@ -82,8 +81,7 @@ REGISTER_OP("HvdPrioGate")
     })
     .Doc(R"doc(
 Holds `tensor` until the horovod_prio scheduler releases chunk `chunk_name`
-(priority `priority`, ties among equal priorities broken by `position`,
-higher first; size = tensor bytes), then forwards it unchanged.  With
+(priority `priority`, size = tensor bytes), then forwards it unchanged.  With
 `abandon_on_cancel` (gates built in a graph, whose Done runs in the same step)
 a chunk still in flight when the step is cancelled is abandoned.
 )doc");
@@ -95,7 +93,6 @@ REGISTER_OP("HvdPrioAllreduce")
     .Attr("T: {uint8, int8, int32, int64, half, float, double}")
     .Attr("chunk_name: string")
     .Attr("abandon_on_cancel: bool = true")
-    .Attr("position: int = 0")
     .Attr("reduce_op: int")
     .Attr("prescale_factor: float")
     .Attr("postscale_factor: float")
@@ -191,7 +188,7 @@ struct HeldChunk : std::enable_shared_from_this<HeldChunk> {
 
   // Registers the cancellation callback and submits; ctx may be gone on return.
   void Hold(OpKernelContext* c, DoneCallback d, bool abandon_on_cancel, int64_t priority,
-            int64_t position, int64_t bytes) {
+            int64_t bytes) {
     done = std::move(d);
     ctx = c;
     auto self = shared_from_this();
@@ -209,15 +206,12 @@ struct HeldChunk : std::enable_shared_from_this<HeldChunk> {
         return;
       }
     }
-    const uint64_t tk = Scheduler::Get().Submit(
-        name, priority, bytes,
-        [self]() {
-          int held = 0;
-          if (!self->phase.compare_exchange_strong(held, 1)) return;
-          if (self->cm != nullptr) self->cm->TryDeregisterCallback(self->token);
-          self->Released();
-        },
-        position);
+    const uint64_t tk = Scheduler::Get().Submit(name, priority, bytes, [self]() {
+      int held = 0;
+      if (!self->phase.compare_exchange_strong(held, 1)) return;
+      if (self->cm != nullptr) self->cm->TryDeregisterCallback(self->token);
+      self->Released();
+    });
     bool cancel_now;
     {
       std::lock_guard<std::mutex> l(mu);
@@ -266,7 +260,6 @@ class HeldChunkKernel : public AsyncOpKernel {
   HeldChunkKernel(OpKernelConstruction* c, const char* op) : AsyncOpKernel(c), op_(op) {
     OP_REQUIRES_OK(c, c->GetAttr("chunk_name", &chunk_name_));
     OP_REQUIRES_OK(c, c->GetAttr("abandon_on_cancel", &abandon_on_cancel_));
-    OP_REQUIRES_OK(c, c->GetAttr("position", &position_));
     OP_REQUIRES(c, !chunk_name_.empty(),
                 errors::InvalidArgument(op, ": chunk_name must be non-empty"));
   }
@@ -299,13 +292,12 @@ class HeldChunkKernel : public AsyncOpKernel {
     st->what = op_ + "(" + chunk_name_ + ")";
     st->name = chunk_name_;
     const int64_t bytes = static_cast<int64_t>(ctx->input(0).TotalBytes());
-    st->Hold(ctx, std::move(done), abandon_on_cancel_, priority, position_, bytes);
+    st->Hold(ctx, std::move(done), abandon_on_cancel_, priority, bytes);
   }
 
   const std::string op_;
   std::string chunk_name_;
   bool abandon_on_cancel_ = true;
-  int64_t position_ = 0;
 };
 
 class HvdPrioGateOp : public HeldChunkKernel {

@@ -63,17 +63,16 @@ struct Log {
 // the ready/request/release/cancel events, not from the scheduler's fields)
 // and checks the rule at every local decision: the chunk let go ("request" in
 // external-grant mode, else "release") has the highest priority among the
-// chunks waiting just before it (ties: the highest position, then the first
-// ready), and the in-flight bytes respect the credit
+// chunks waiting just before it, and the in-flight bytes respect the credit
 // (a chunk larger than the credit only alone).  Also checks that the
 // scheduler's own waiting/waiting_max_priority fields match the model.
 void CheckTraceRule(const std::vector<Event>& ev, int64_t credit) {
-  std::map<uint64_t, std::pair<int64_t, int64_t>> waiting;  // ticket -> (priority, position)
+  std::map<uint64_t, int64_t> waiting;  // ticket -> priority
   std::set<uint64_t> requested;
   int decisions = 0;
   for (const Event& e : ev) {
     if (e.kind == "ready") {
-      waiting[e.ticket] = {e.priority, e.position};
+      waiting[e.ticket] = e.priority;
     } else if (e.kind == "cancel") {
       waiting.erase(e.ticket);
       requested.erase(e.ticket);
@@ -81,20 +80,8 @@ void CheckTraceRule(const std::vector<Event>& ev, int64_t credit) {
                (e.kind == "release" && requested.count(e.ticket) == 0)) {
       CHECK(waiting.count(e.ticket) == 1);
       int64_t wmax = INT64_MIN;
-      for (const auto& kv : waiting) wmax = std::max(wmax, kv.second.first);
+      for (const auto& kv : waiting) wmax = std::max(wmax, kv.second);
       CHECK_EQ(e.priority, wmax);
-      // the best key: priority, then position, then the first ready (tickets
-      // grow with readiness; the map iterates them in that order)
-      uint64_t best = 0;
-      std::pair<int64_t, int64_t> bk{INT64_MIN, INT64_MIN};
-      for (const auto& kv : waiting) {
-        if (best == 0 || kv.second > bk) {
-          best = kv.first;
-          bk = kv.second;
-        }
-      }
-      CHECK_EQ(e.ticket, best);
-      CHECK_EQ(e.position, waiting[e.ticket].second);
       CHECK_EQ(e.waiting_max_priority, wmax);
       CHECK_EQ(e.waiting, static_cast<int64_t>(waiting.size()));
       waiting.erase(e.ticket);
@@ -151,46 +138,6 @@ void TestOrdering() {
     if (e.kind == "release") ++n_rel;
   }
   CHECK_EQ(n_rel, 5);
-}
-
-// Equal priorities go by position (higher first), then submission order;
-// the position never outranks a priority.  Extreme values compare without
-// overflow.
-void TestPositionTieBreak() {
-  Scheduler s;
-  s.Configure(0, true);
-  s.SetTracing(true);
-  Log log;
-  s.Submit("a", 1, 10, log.Cb("a"), 0);  // released at once
-  s.Submit("b", 1, 10, log.Cb("b"), 2);
-  s.Submit("c", 1, 10, log.Cb("c"), 7);
-  s.Submit("d", 1, 10, log.Cb("d"), 7);
-  s.Submit("e", 2, 10, log.Cb("e"), -5);
-  s.Submit("f", 1, 10, log.Cb("f"));       // default position 0
-  s.Submit("g", INT64_MIN, 10, log.Cb("g"), INT64_MAX);
-  s.Submit("h", INT64_MIN, 10, log.Cb("h"), INT64_MIN);
-  s.Submit("i", INT64_MAX, 10, log.Cb("i"), INT64_MIN);
-  const char* expect[] = {"a", "i", "e", "c", "d", "b", "f", "g", "h"};
-  for (int k = 0; k < 9; ++k) {
-    CHECK_EQ(log.released.size(), size_t(k + 1));
-    CHECK_EQ(log.released[k], std::string(expect[k]));
-    s.Complete(expect[k]);
-  }
-  auto ev = s.DrainEvents();
-  CheckTraceRule(ev, 0);
-  for (const Event& e : ev) {
-    if (e.name == "c") CHECK_EQ(e.position, int64_t(7));
-    if (e.name == "g") CHECK_EQ(e.position, INT64_MAX);
-  }
-  // Cancel finds a waiting chunk by its whole key.
-  s.Submit("x", 0, 10, log.Cb("x"), 3);    // in flight
-  const uint64_t y = s.Submit("y", 0, 10, log.Cb("y"), 4);
-  s.Submit("z", 0, 10, log.Cb("z"), 1);
-  CHECK(s.Cancel(y) == horovod_prio::CancelResult::kWaiting);
-  s.Complete("x");
-  CHECK_EQ(log.released.back(), std::string("z"));
-  s.Complete("z");
-  CHECK_EQ(s.GetStats().queued, int64_t(0));
 }
 
 void TestCredit() {
@@ -640,8 +587,7 @@ void TestStress() {
         std::string name = "s" + std::to_string(id);
         int64_t bytes = rng() % 1500;  // some larger than the credit
         bool inline_complete = rng() % 8 == 0;
-        s.Submit(name, rng() % 10, bytes, release_cb(id, name, inline_complete),
-                 static_cast<int64_t>(rng() % 4));
+        s.Submit(name, rng() % 10, bytes, release_cb(id, name, inline_complete));
         if (rng() % 16 == 0) std::this_thread::yield();
       }
     });
@@ -690,7 +636,6 @@ int main() {
     void (*fn)();
   } tests[] = {
       {"ordering", TestOrdering},
-      {"position_tie_break", TestPositionTieBreak},
       {"credit", TestCredit},
       {"oversize_alone", TestOversizeAlone},
       {"strict_no_bypass", TestStrictNoBypass},

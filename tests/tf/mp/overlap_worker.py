@@ -243,17 +243,6 @@ def run_trace(impl, name):
     xs, ys = data(24 * 8, 900)
     model.fit(xs, ys, batch_size=8, epochs=1, shuffle=False, verbose=0)
     out.update({"w%d" % i: w for i, w in enumerate(model.get_weights())})
-    # chunk name -> the backprop position of its input-most layer, derived here from
-    # the plan's tasks and segments (the test checks the scheduler saw these)
-    positions = {}
-    for pipeline in model.optimizer.__dict__["_hvdprio_overlap"].pipelines.values():
-        plan = pipeline.plan
-        for chunk in plan.chunks:
-            positions[chunk.name] = max(i for i, task in enumerate(plan.tasks)
-                                        for seg in chunk.segments if seg.tensor in task)
-    if RANK == 0:
-        with open(os.path.join(OUT, "trace_positions.json"), "w") as f:
-            json.dump(positions, f)
     return out
 
 
