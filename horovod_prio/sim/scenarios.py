@@ -284,10 +284,9 @@ def main(argv=None) -> int:
     pcfg = PriorityConfig.from_env({}, relative_coefficient=0.1, count_threshold=10,
                                    warmup_batches=2)
     results = []
-    for name in a.scenarios:
-        fn = SCENARIOS[name]
-        kw = {"steps": a.steps} if name.strip() != "join" else {}
-        results.append(fn(prof, a.workers, link, pcfg, jobs=a.jobs, **kw))
+    for name in a.scenarios:     # names checked and stripped by _scenario_list
+        kw = {"steps": a.steps} if name != "join" else {}
+        results.append(SCENARIOS[name](prof, a.workers, link, pcfg, jobs=a.jobs, **kw))
     table = _table(results)
     print(table)
     if a.out:
