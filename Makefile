@@ -13,13 +13,21 @@ export OMPI_ALLOW_RUN_AS_ROOT_CONFIRM := 1
 export PATH := $(CURDIR)/$(BIN):$(PATH)
 PYTEST_ARGS ?=
 
-.PHONY: install test run bench clean
+.PHONY: install test run bench clean conformance
 install:
 	@bash tools/install.sh $(VENV) $(TF)
 
 # make test has just installed the stack: a missing piece fails the run (never a skip).
 test: install
 	HOROVOD_PRIO_REQUIRE_STACK=1 $(BIN)/python -m pytest $(PYTEST_ARGS)
+
+# Horovod 0.28.1's own TensorFlow suites, as shipped and with the import swapped, under
+# horovodrun -np 2 (Gloo and MPI). Their files come from a Horovod source tree
+# (a checkout or its git directory with tag v0.28.1): HOROVOD_SRC=...
+HOROVOD_SRC ?=
+conformance: install
+	@test -n "$(HOROVOD_SRC)" || { echo "make conformance HOROVOD_SRC=<a Horovod checkout or git dir with tag v0.28.1>" >&2; exit 2; }
+	$(BIN)/python tools/horovod_tests.py --src "$(HOROVOD_SRC)" $(CONFORMANCE_ARGS)
 
 run: install
 	$(BIN)/python -m horovod_prio.examples.run_default

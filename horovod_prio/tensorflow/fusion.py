@@ -120,7 +120,9 @@ class PriorityAllreduce:
             # Like Horovod's _make_subgraph: eager callers get one graph so the
             # chunks really run concurrently and can be reordered.
             if self._graph_fn is None:
-                self._graph_fn = tf.function(self._reduce)
+                # autograph=False: our graph-building code is plain Python;
+                # autograph would convert it (and the op-library loader it calls).
+                self._graph_fn = tf.function(self._reduce, autograph=False)
             return self._graph_fn(grads, vars)
         return self._reduce(grads, vars)
 

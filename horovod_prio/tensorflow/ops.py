@@ -55,8 +55,14 @@ def kernel_library_path(tf_version=None):
     return os.path.realpath(path)
 
 
+@tf.autograph.experimental.do_not_convert
 def load():
-    """Load (once) and return the op module."""
+    """Load (once) and return the op module.
+
+    Never converted by autograph: a converted copy of this function would
+    assign the module globals below in autograph's namespace, not this
+    module's, and every later use would find the library unloaded.
+    """
     global _ops, _cdll
     with _lock:
         if _ops is not None:
@@ -221,6 +227,7 @@ class StepClock:
     _instance = None
 
     @classmethod
+    @tf.autograph.experimental.do_not_convert
     def get(cls):
         load()
         with _lock:
