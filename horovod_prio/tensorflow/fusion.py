@@ -73,7 +73,7 @@ class PriorityAllreduce:
 
     def __init__(self, name, config, fallback, *, device_dense="", device_sparse="",
                  compression=None, sparse_as_dense=False, op=None,
-                 gradient_predivide_factor=1.0, process_set=None):
+                 gradient_predivide_factor=1.0, process_set=None, passthrough=None):
         self.name = name
         self.config = config
         self.fallback = fallback
@@ -92,12 +92,12 @@ class PriorityAllreduce:
             self.prescale = self.postscale = 1.0
         self._warned = set()
         self._graph_fn = None
-        reason = None
-        if not config.enabled:
+        reason = passthrough
+        if reason is None and not config.enabled:
             reason = "disabled by configuration (HOROVOD_PRIO_ENABLED=0)"
-        elif self.op == getattr(_hvd, "Adasum", None):
+        elif reason is None and self.op == getattr(_hvd, "Adasum", None):
             reason = "op=Adasum is not an elementwise reduction, chunked fusion would change it"
-        elif self.process_set != _hvd.global_process_set:
+        elif reason is None and self.process_set != _hvd.global_process_set:
             reason = "a non-global process_set is used (rank 0 of the job orders releases)"
         self.passthrough_reason = reason
         if reason:

@@ -7,10 +7,11 @@ allreduces -- for :class:`~horovod_prio.tensorflow.fusion.PriorityAllreduce`.
 Local-gradient aggregation (``backward_passes_per_step``) calls the same
 callable, so it is swapped there too.
 
-Arguments that would conflict with the priority path raise a clear error
-instead of being dropped: Horovod's ``groups``/``num_groups`` (explicit
-fusion groups) and Horovod elastic (a world that changes size under a traced
-graph).
+Horovod features the priority path cannot honour keep Horovod's own path,
+with one warning, never an exception: Horovod's ``groups``/``num_groups``
+(explicit fusion groups), Horovod elastic (a world that changes size under a
+traced graph), ``op=Adasum`` and non-global process sets (see
+:class:`~horovod_prio.tensorflow.fusion.PriorityAllreduce`).
 """
 import inspect
 import os
@@ -42,34 +43,37 @@ def bound_arguments(hvd_fn, args, kwargs):
 
 
 def check_supported(config, hvd_args, what):
-    """Raise for Horovod arguments/modes the priority path cannot honour."""
+    """Why this optimizer/tape must keep Horovod's own allreduce path (None: it need not).
+
+    Horovod features the priority path cannot honour are not refused: the
+    gradients then go through the reduce function Horovod built from the
+    user's arguments (same results as plain Horovod) and one warning says so.
+    """
     if not config.enabled:
-        return
+        return None
     if hvd_args.get("groups") is not None or hvd_args.get("num_groups"):
-        raise ValueError(
-            "%s(groups=%r, num_groups=%r): Horovod's explicit fusion groups conflict with "
-            "horovod_prio's priority groups (chunks are formed per priority group, in backprop "
-            "order, and released by priority). Drop groups/num_groups and set "
-            "PriorityConfig(num_groups=...) / HOROVOD_PRIO_NUM_GROUPS instead, or disable "
-            "horovod_prio for this optimizer with priority=PriorityConfig(enabled=False) "
-            "(Horovod's own path, which honours them)."
-            % (what, hvd_args.get("groups"), hvd_args.get("num_groups")))
+        return ("Horovod's explicit fusion groups (groups=%r, num_groups=%r) replace horovod_prio's "
+                "priority groups; drop them and set PriorityConfig(num_groups=...) / "
+                "HOROVOD_PRIO_NUM_GROUPS to schedule by priority"
+                % (hvd_args.get("groups"), hvd_args.get("num_groups")))
     if os.environ.get("HOROVOD_ELASTIC", "0").strip() not in ("", "0"):
-        raise RuntimeError(
-            "%s: horovod_prio does not support Horovod elastic training (HOROVOD_ELASTIC=1): a "
-            "graph traced for one world size would keep its rank-0 ordering and chunk plan after "
-            "the world changes. Use priority=PriorityConfig(enabled=False) or "
-            "HOROVOD_PRIO_ENABLED=0 to run this job on Horovod's own path." % what)
+        return ("Horovod elastic (HOROVOD_ELASTIC=1): the world can change size under a traced "
+                "graph, and the priority path plans chunks for one world")
+    return None
 
 
-def install(target, name, config, hvd_args):
-    """Replace ``target._allreduce_grads`` (an optimizer or tape) by the priority path."""
+def install(target, name, config, hvd_args, passthrough=None):
+    """Replace ``target._allreduce_grads`` (an optimizer or tape) by the priority path
+    (by a reducer that calls Horovod's own one, with a warning, if ``passthrough``
+    names a reason)."""
     fallback = target._allreduce_grads
     kwargs = {k: hvd_args[k] for k in FUSION_ARGS if k in hvd_args}
-    key = ("reducer", name, config, fallback, tuple(sorted(kwargs.items(), key=lambda kv: kv[0])))
+    key = ("reducer", name, config, fallback, passthrough,
+           tuple(sorted(kwargs.items(), key=lambda kv: kv[0])))
     # One reducer per distinct setup (like Horovod's cached allreduce fn): an
     # eager loop that wraps a fresh tape every step reuses one traced graph.
-    fn = get_runtime().cached(key, lambda: PriorityAllreduce(name, config, fallback, **kwargs))
+    fn = get_runtime().cached(key, lambda: PriorityAllreduce(name, config, fallback,
+                                                             passthrough=passthrough, **kwargs))
     target._allreduce_grads = fn
     helper = getattr(target, "_agg_helper", None)
     if helper is not None:  # backward_passes_per_step > 1

@@ -232,9 +232,6 @@ def _check_optimizer(opt, base):
             "subclasses and optimizers with shared per-step state are not). Use one of them or "
             "drop hvd.overlap(...) (synchronous training)."
             % (cls.__module__, cls.__name__, ", ".join(names)))
-    if base.passthrough_reason:
-        raise ValueError("hvd.overlap: %s uses Horovod's own allreduce path (%s); overlap needs "
-                         "horovod_prio's priority path" % (base.name, base.passthrough_reason))
     if cls in new:
         if getattr(opt, "use_ema", False):
             raise ValueError("hvd.overlap: %s(use_ema=True) is not supported: the moving "
@@ -690,6 +687,14 @@ def _attach(opt):
         log.info("horovod_prio: %s: hvd.overlap switched off (%s): synchronous training",
                  base.name, "HOROVOD_PRIO_ENABLED=0" if not base.config.enabled
                  else "PriorityConfig.overlap=False / HOROVOD_PRIO_OVERLAP=0")
+        return None
+    if base.passthrough_reason:
+        if base.config.overlap:   # HOROVOD_PRIO_OVERLAP=1 / overlap=True: required
+            raise ValueError("hvd.overlap: %s uses Horovod's own allreduce path (%s), but "
+                             "PriorityConfig.overlap=True (HOROVOD_PRIO_OVERLAP=1) requires "
+                             "barrier crossing" % (base.name, base.passthrough_reason))
+        log.warning("horovod_prio: %s: hvd.overlap does nothing, synchronous training: it "
+                    "uses Horovod's own allreduce path (%s)", base.name, base.passthrough_reason)
         return None
     legacy = _check_optimizer(opt, base)
     with _lock:

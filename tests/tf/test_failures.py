@@ -5,8 +5,9 @@
   next steps run with the whole credit, weights stay finite and equal;
 * rank 0 is killed with SIGKILL mid-run: its Chrome trace still loads (only
   the closing bracket missing) with the steps before the kill;
-* Horovod elastic fails at once with an error naming the limitation;
-* Horovod's groups/num_groups raise instead of being dropped.
+* Horovod elastic (KerasState, an elastic launch) and Horovod's
+  groups/num_groups take Horovod's own path with one warning, never an
+  exception, with Horovod's results.
 """
 import json
 import os
@@ -79,29 +80,39 @@ def test_rank0_killed_mid_run_leaves_a_loadable_trace(controller, tmp_path):
     assert chunks
 
 
-def test_horovod_elastic_fails_at_once_naming_the_limitation(tmp_path):
+def test_horovod_elastic_takes_horovods_path_with_its_results(tmp_path):
     script = tmp_path / "discover.sh"
     script.write_text("#!/bin/sh\necho localhost:2\n")
     script.chmod(0o755)
-    res = horovodrun([WORKER, str(tmp_path), "optimizer"], "gloo", timeout=180,
-                     extra=["--min-np", "2", "--max-np", "2", "--host-discovery-script",
-                            str(script)])
-    assert res.returncode != 0, res.stdout[-3000:]
-    assert "does not support Horovod elastic" in res.stdout, res.stdout[-3000:]
-    assert "HOROVOD_PRIO_ENABLED=0" in res.stdout
-    assert "optimizer built" not in res.stdout      # it failed when the optimizer was built
+    out = check(horovodrun([WORKER, str(tmp_path), "elastic"], "gloo", timeout=300,
+                           extra=["--min-np", "2", "--max-np", "2", "--host-discovery-script",
+                                  str(script)]))
+    assert "uses Horovod's own allreduce path: Horovod elastic (HOROVOD_ELASTIC=1)" in out, \
+        out[-3000:]
+    got = []
+    for r in (0, 1):
+        with np.load(tmp_path / ("elastic_rank%d.npz" % r)) as z:
+            arrs = [z["arr_%d" % i] for i in range(len(z.files))]
+        got.append((arrs[:len(arrs) // 2], arrs[len(arrs) // 2:]))
+    ref = got[0][0]
+    for hvd_w, prio_w in got:
+        for a, b, c in zip(ref, hvd_w, prio_w):
+            np.testing.assert_allclose(b, a, rtol=1e-6)   # the state synced the ranks
+            np.testing.assert_array_equal(c, b)          # ours is Horovod's path, exactly
 
 
-def test_groups_and_num_groups_raise_instead_of_being_dropped():
+def test_groups_and_num_groups_take_horovods_path_with_a_warning(caplog):
     import tensorflow as tf
     import horovod_prio.tensorflow as hvd_tf
     import horovod_prio.tensorflow.keras as hvd
     hvd.init()
     for kwargs in ({"num_groups": 2}, {"groups": 3}):
-        with pytest.raises(ValueError, match="conflict with horovod_prio's priority groups"):
-            hvd.DistributedOptimizer(tf.keras.optimizers.legacy.SGD(0.1), **kwargs)
-    with pytest.raises(ValueError, match="HOROVOD_PRIO_NUM_GROUPS"):
-        hvd_tf.DistributedGradientTape(tf.GradientTape(), num_groups=2)
-    # Horovod's own path honours them: allowed when horovod_prio is off
-    hvd.DistributedOptimizer(tf.keras.optimizers.legacy.SGD(0.1), num_groups=2,
-                             priority={"enabled": False})
+        with caplog.at_level("WARNING", logger="horovod_prio"):
+            opt = hvd.DistributedOptimizer(tf.keras.optimizers.legacy.SGD(0.1), **kwargs)
+        assert "explicit fusion groups" in opt._allreduce_grads.passthrough_reason
+        assert "HOROVOD_PRIO_NUM_GROUPS" in caplog.text
+    tape = hvd_tf.DistributedGradientTape(tf.GradientTape(), num_groups=2)
+    assert "explicit fusion groups" in tape._allreduce_grads.passthrough_reason
+    # without them: the priority path
+    opt = hvd.DistributedOptimizer(tf.keras.optimizers.legacy.SGD(0.1))
+    assert opt._allreduce_grads.passthrough_reason is None

@@ -513,6 +513,38 @@ def test_unsupported_setups_raise_clear_errors(tf_env):
 
 @pytest.mark.tf_stack
 @pytest.mark.timeout(300)
+def test_overlap_on_horovods_own_path_is_a_logged_no_op(tf_env, clean_env, caplog):
+    """An optimizer that keeps Horovod's own path (here: Horovod's fusion groups)
+    trains synchronously under hvd.overlap, with a warning, never an exception;
+    with overlap required (HOROVOD_PRIO_OVERLAP=1) it is a clear error."""
+    tf, hvd, overlapped = tf_env
+    loss = tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+    x, y = _xy()
+    before = set(overlapped.stats())
+    clean_env.delenv("HOROVOD_PRIO_OVERLAP", raising=False)
+    runs = []
+    for wrap in (True, False):
+        m = _mlp(tf)
+        if wrap:
+            m = hvd.overlap(m)
+        with caplog.at_level("WARNING", logger="horovod_prio"):
+            m.compile(optimizer=hvd.DistributedOptimizer(tf.keras.optimizers.SGD(0.1),
+                                                         num_groups=2,
+                                                         name="Groups%s" % wrap), loss=loss)
+        m.fit(x, y, batch_size=8, epochs=1, shuffle=False, verbose=0)
+        runs.append(m.get_weights())
+    assert set(overlapped.stats()) == before           # no overlap state was made
+    assert "hvd.overlap does nothing" in caplog.text and "explicit fusion groups" in caplog.text
+    for a, b in zip(*runs):
+        np.testing.assert_array_equal(a, b)
+    clean_env.setenv("HOROVOD_PRIO_OVERLAP", "1")
+    with pytest.raises(ValueError, match="requires barrier crossing"):
+        hvd.overlap(_mlp(tf)).compile(optimizer=hvd.DistributedOptimizer(
+            tf.keras.optimizers.SGD(0.1), num_groups=2, name="GroupsRequired"), loss=loss)
+
+
+@pytest.mark.tf_stack
+@pytest.mark.timeout(300)
 def test_overlap_switch(tf_env, clean_env):
     """HOROVOD_PRIO_OVERLAP=0 (or HOROVOD_PRIO_ENABLED=0): hvd.overlap is a no-op
     (synchronous, same weights as without it); =1 without hvd.overlap: a clear error."""

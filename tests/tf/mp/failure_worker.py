@@ -7,7 +7,8 @@
                                             # before its HvdPrioAllreduce ops run
     failure_worker.py OUT_DIR progress      # Keras fit that reports each step (the test
                                             # kills rank 0 with SIGKILL mid-run)
-    failure_worker.py OUT_DIR optimizer     # only builds the optimizer (elastic check)
+    failure_worker.py OUT_DIR elastic       # Keras fit under hvd.elastic.run with KerasState,
+                                            # Horovod's optimizer and ours (elastic launch)
 """
 import json
 import os
@@ -116,10 +117,33 @@ def progress():
     model.fit(x, y, batch_size=8, epochs=1, verbose=0, callbacks=[Report()])
 
 
-def optimizer():
-    hvd_keras.DistributedOptimizer(tf.keras.optimizers.legacy.SGD(0.01), priority=PRIO)
-    print("rank %d: optimizer built" % RANK, flush=True)
+def elastic():
+    """Horovod's elastic Keras recipe, once with Horovod's optimizer and once with ours:
+    the same weights, and ours says it takes Horovod's own path."""
+    import horovod.tensorflow.keras as plain_keras
+    x = np.random.RandomState(RANK).randn(8 * 16, 20).astype("float32")
+    y = np.random.RandomState(RANK).randint(0, 4, size=8 * 16)
+    out = {}
+    for impl, mod in (("hvd", plain_keras), ("prio", hvd_keras)):
+        model = mlp()
+        model.set_weights([w + 0.01 * RANK for w in model.get_weights()])  # synced by the state
+        extra = {"priority": PRIO} if impl == "prio" else {}
+        opt = mod.DistributedOptimizer(tf.keras.optimizers.legacy.SGD(0.05), **extra)
+        model.compile(optimizer=opt, loss=tf.keras.losses.SparseCategoricalCrossentropy(True))
+        state = mod.elastic.KerasState(model, batch=0, epoch=0)
+
+        @mod.elastic.run
+        def train(state):
+            state.model.fit(x, y, batch_size=16, epochs=2, shuffle=False, verbose=0,
+                            callbacks=[mod.elastic.CommitStateCallback(state, batches_per_commit=4),
+                                       mod.elastic.UpdateBatchStateCallback(state),
+                                       mod.elastic.UpdateEpochStateCallback(state)])
+
+        train(state)
+        out[impl] = model.get_weights()
+    np.savez(os.path.join(OUT, "elastic_rank%d.npz" % RANK), *(out["hvd"] + out["prio"]))
 
 
-{"failed_step": failed_step, "failed_step_one_op": failed_step, "progress": progress, "optimizer": optimizer}[MODE]()
+{"failed_step": failed_step, "failed_step_one_op": failed_step, "progress": progress,
+ "elastic": elastic}[MODE]()
 print("rank %d done" % RANK, flush=True)

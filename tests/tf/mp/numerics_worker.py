@@ -69,17 +69,34 @@ def run_fit(impl, **kw):
     mod = prio_keras if impl == "prio" else hvd_keras
     extra = {"priority": PRIO} if impl == "prio" else {}
     vocab = kw.pop("vocab", None)
+    local_first_layer = kw.pop("local_first_layer", False)
+    callbacks = kw.pop("callbacks", None)
     model = embedding_model(vocab) if vocab else mlp()
+    if callbacks:  # every rank starts elsewhere: BroadcastGlobalVariablesCallback(0) syncs them
+        model.set_weights([w + 0.01 * RANK for w in model.get_weights()])
     INIT["weights"] = model.get_weights()
     opt_cls = kw.pop("opt", tf.keras.optimizers.legacy.SGD)
-    opt = mod.DistributedOptimizer(opt_cls(learning_rate=0.05), **kw, **extra)
+    lr = kw.pop("lr", 0.05)
+    opt = mod.DistributedOptimizer(opt_cls(learning_rate=lr), **kw, **extra)
+    if local_first_layer:  # Horovod's local variables: reduced by nobody
+        model.build((None, 20))
+        for var in model.layers[0].trainable_weights:
+            opt.register_local_var(var)
     model.compile(optimizer=opt, loss=LOSS)
     x, y = data(vocab)
-    model.fit(x, y, batch_size=BATCH, epochs=1, shuffle=False, verbose=0)
+    model.fit(x, y, batch_size=BATCH, epochs=1, shuffle=False, verbose=0,
+              callbacks=callbacks(mod) if callbacks else None)
     return model.get_weights()
 
 
-def run_tape(impl, eager=False):
+def horovod_callbacks(mod):
+    return [mod.callbacks.BroadcastGlobalVariablesCallback(0),
+            mod.callbacks.MetricAverageCallback(),
+            mod.callbacks.LearningRateWarmupCallback(initial_lr=0.05, warmup_epochs=1,
+                                                     steps_per_epoch=STEPS, verbose=0)]
+
+
+def run_tape(impl, eager=False, partial=False):
     mod = prio_tf if impl == "prio" else hvd_tf
     extra = {"priority": PRIO} if impl == "prio" else {}
     model = mlp()
@@ -90,7 +107,10 @@ def run_tape(impl, eager=False):
     def step(xb, yb):
         with tf.GradientTape() as tape:
             loss = LOSS(yb, model(xb, training=True))
-        tape = mod.DistributedGradientTape(tape, **extra)
+        if partial:  # the first layer stays local (Horovod scales its gradient by 1/size)
+            tape = mod.PartialDistributedGradientTape(tape, local_layers=model.layers[0], **extra)
+        else:
+            tape = mod.DistributedGradientTape(tape, **extra)
         grads = tape.gradient(loss, model.trainable_variables)
         opt.apply_gradients(zip(grads, model.trainable_variables))
         return loss
@@ -176,6 +196,15 @@ def run_load_model(impl, tmp_dir):
 
 MODES = {
     "fit": lambda impl: run_fit(impl),
+    "lr_schedule": lambda impl: run_fit(impl, lr=tf.keras.optimizers.schedules.ExponentialDecay(
+        0.05, decay_steps=3, decay_rate=0.5)),
+    "local_vars": lambda impl: run_fit(impl, local_first_layer=True),
+    "local_vars_bpps": lambda impl: run_fit(impl, local_first_layer=True,
+                                            backward_passes_per_step=2),
+    "callbacks": lambda impl: run_fit(impl, callbacks=horovod_callbacks),
+    "partial_tape": lambda impl: run_tape(impl, partial=True),
+    "groups": lambda impl: run_fit(impl, num_groups=2),
+    "adasum": lambda impl: run_fit(impl, op=hvd_keras.Adasum),
     "fit_adam": lambda impl: run_fit(impl, opt=tf.keras.optimizers.Adam),
     "tape": run_tape,
     "tape_eager": lambda impl: run_tape(impl, eager=True),
