@@ -154,6 +154,20 @@ def limits_from(kind: str, overrides: dict[str, str] | None = None,
     return _check_limits(lim, what)
 
 
+def parse_kind(text: str, what: str = "kind") -> tuple[str, Limits]:
+    """``KIND[,key=value...]`` -> (kind, limits); errors name ``what`` and the key."""
+    parts = [p.strip() for p in str(text).split(",")]
+    kind, overrides = parts[0], {}
+    for p in parts[1:]:
+        if "=" not in p:
+            raise ValueError(f"{what}: expected key=value after the kind, got {p!r}")
+        k, v = p.split("=", 1)
+        if k.strip() in overrides:
+            raise ValueError(f"{what}: key {k.strip()!r} given twice")
+        overrides[k.strip()] = v.strip()
+    return kind, limits_from(kind, overrides, what=what)
+
+
 def parse_host_kind(spec: str) -> tuple[str, str, Limits]:
     """``HOST=KIND[,key=value...]`` -> (host, kind, limits), e.g.
     ``b1=large-memory`` or ``a1=custom,cpu=0.45,period=10ms,memory=64MiB``."""
@@ -165,16 +179,7 @@ def parse_host_kind(spec: str) -> tuple[str, str, Limits]:
     host = host.strip()
     if not host:
         raise ValueError(f"{what}: the host name is empty")
-    parts = [p.strip() for p in rest.split(",")]
-    kind, overrides = parts[0], {}
-    for p in parts[1:]:
-        if "=" not in p:
-            raise ValueError(f"{what}: expected key=value after the kind, got {p!r}")
-        k, v = p.split("=", 1)
-        if k.strip() in overrides:
-            raise ValueError(f"{what}: key {k.strip()!r} given twice")
-        overrides[k.strip()] = v.strip()
-    return host, kind, limits_from(kind, overrides, what=f"{what}: host {host}")
+    return (host,) + parse_kind(rest, what=f"{what}: host {host}")
 
 
 def host_kind_arg(spec: str) -> tuple[str, str, Limits]:
