@@ -152,7 +152,19 @@ def job_spec(args) -> JobSpec:
                    pin_rank=args.pin == "rank")
 
 
-def execute(r: dict, args, workroot: Path, command, progress) -> dict:
+def group_usage(cg: cgroups.Cgroup) -> dict:
+    """What a rank's cgroup has seen so far (cumulative over the runs): its
+    ``cpu.stat`` (periods, throttled) and peak memory, where the kernel has them."""
+    out = {}
+    for f in ("cpu.stat", "memory.max_usage_in_bytes", "memory.peak"):
+        try:
+            out[f] = cg.read(f)
+        except OSError:
+            pass
+    return out
+
+
+def execute(r: dict, args, workroot: Path, command, progress, groups=()) -> dict:
     from .harness import run_jobs
     rec = dict(r, status="ok", error=None, loadavg_before=os.getloadavg()[0])
     link = netns.ShapedLink(args.rate)
@@ -164,6 +176,7 @@ def execute(r: dict, args, workroot: Path, command, progress) -> dict:
         rec["s_per_step"] = step_time(res["jobs"][0])
         rec["steps"] = res["jobs"][0]["steps"]
         rec["notes"] = res.get("notes", [])
+        rec["rank_cgroups"] = [group_usage(cg) for cg in groups]
     except RunFailed as e:
         rec["status"], rec["error"] = "failed", str(e)
     finally:
@@ -198,7 +211,7 @@ def main(argv=None) -> int:
             command = rank_command(enter_command(groups))
         for r in runs:
             progress.start(f"pair {r['pair'] + 1}/{args.pairs} {r['label']}")
-            rec = execute(r, args, workroot, command, progress)
+            rec = execute(r, args, workroot, command, progress, groups)
             records.append(rec)
             progress.finish(rec["status"] + (f" {rec['s_per_step']:.4f} s/step"
                                              if rec.get("s_per_step") else

@@ -260,6 +260,27 @@ def test_the_cpu_cap_is_in_place_and_the_group_is_removed_with_its_processes():
 
 @needs_testbed
 @pytest.mark.timeout(60)
+def test_a_rank_inside_a_shaped_link_joins_its_ranks_cgroup():
+    """The A/A probe's path: horovodrun runs inside ``ip netns exec`` (whose /sys
+    has no cgroup hierarchies); each rank's wrapper joins its rank's group."""
+    from benchmarks import aa, netns
+    groups = [Cgroup(f"rank{r}", Limits(cpu=0.9)).create() for r in range(2)]
+    try:
+        with netns.ShapedLink("1gbit") as link:
+            cmd = aa.enter_command(groups) + ["cat", "/proc/self/cgroup"]
+            env = dict(os.environ, PYTHONPATH=str(REPO), HOROVOD_RANK="1")
+            p = link.popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                           text=True, cwd=str(REPO))
+            out, err = p.communicate(timeout=30)
+        assert p.returncode == 0, err
+        assert f"/{groups[1].dirname}\n" in out and groups[0].dirname not in out
+    finally:
+        for g in groups:
+            g.remove()
+
+
+@needs_testbed
+@pytest.mark.timeout(60)
 def test_testbed_hosts_run_in_their_cgroups_and_teardown_removes_them():
     t = plan_topology(["a1"], ["b1"], kinds={"a1": "large-memory,memory=3GiB",
                                               "b1": "custom,cpu=0.5,memory=256MiB"})
