@@ -27,6 +27,7 @@ import argparse
 import datetime as _dt
 import json
 import os
+import shutil
 import statistics
 import sys
 import tempfile
@@ -225,7 +226,6 @@ def main(argv=None) -> int:
     finally:
         for cg in groups:
             cg.remove()
-        import shutil
         shutil.rmtree(workroot, ignore_errors=True)
     (out / "results.json").write_text(json.dumps({"meta": meta, "runs": records}, indent=1))
     text = summary(records)
