@@ -64,6 +64,7 @@ from .harness import (REPO, ArbiterProcess, JobSpec, Progress, RunFailed, check_
                       git_rev, horovodrun_path, job_env, positive_int, preflight, rate_arg,
                       run_all, run_jobs, workload_command)
 from .netns import HarnessError
+from .cgroups import host_kind_arg
 from .testbed import LinkSampler, Testbed, plan_topology
 from .traces import trace_summary
 
@@ -247,6 +248,11 @@ def build_parser():
     p.add_argument("--out", default=str(REPO / "results" / "cluster" / "latest"))
     p.add_argument("--keep-raw", action="store_true",
                    help="keep per-run logs, traces and the arbiter log under OUT/raw")
+    p.add_argument("--host-kind", type=host_kind_arg, action="append", default=[],
+                   metavar="HOST=KIND[,key=value...]",
+                   help="give HOST (a1, b2, head, ...) a cgroup of KIND (large-memory, "
+                        "more-cores, custom; keys cpu, period, weight, cpuset, memory; "
+                        "see docs/testbed.md); repeatable")
     p.add_argument("--report-only", action="store_true",
                    help="no runs: re-render OUT/results.md and the plots from OUT/results.json")
     return p
@@ -267,6 +273,11 @@ def parse_args(argv=None):
     except ValueError as e:
         flag = next((f for f in ("burst", "latency", "subnet") if f in str(e)), "subnet")
         p.error(f"argument --{flag}: {e}")
+    known = sum(host_names(len(a.job)), ["head", "arbiter"])
+    for host, _, _ in a.host_kind:
+        if host not in known:
+            p.error(f"argument --host-kind: no host {host!r} with {len(a.job)} jobs "
+                    f"(hosts: {', '.join(known)})")
     if not any(j["start"] == 0 for j in a.job):
         p.error("argument --job: at least one job must start at once (start=0)")
     for j in a.job:
@@ -294,7 +305,8 @@ def host_cpus(n_jobs: int, pin: str, ncpu: int | None = None) -> dict[str, str]:
 def make_topology(n_jobs: int, args, tag: str | None = None):
     ra, rb = host_names(n_jobs)
     return plan_topology(ra, rb, rate=args.rate, burst=args.burst, latency=args.latency,
-                         subnet=args.subnet, cpus=host_cpus(n_jobs, args.pin), tag=tag)
+                         subnet=args.subnet, cpus=host_cpus(n_jobs, args.pin), tag=tag,
+                         kinds={h: (k, lim) for h, k, lim in getattr(args, "host_kind", [])})
 
 
 @dataclass
@@ -367,7 +379,9 @@ def topology_record(topo) -> dict:
     return {"rate": topo.rate, "burst": topo.burst, "latency": topo.latency,
             "uplink": {"AB": topo.uplink[0], "BA": topo.uplink[1]}, "fabric": topo.fabric,
             "hosts": [{"name": h.name, "rack": h.rack, "address": h.address,
-                       "cpus": h.cpus, "netns": h.netns} for h in topo.hosts]}
+                       "cpus": h.cpus, "netns": h.netns, "kind": h.kind,
+                       "limits": h.limits.describe() if h.limits else None}
+                      for h in topo.hosts]}
 
 
 # ---------------------------------------------------------------- one run

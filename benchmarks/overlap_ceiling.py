@@ -33,6 +33,7 @@ from horovod_prio.sim.cli import parse_rate
 from horovod_prio.sim.engine import TOPOLOGIES, JobSpec, LinkConfig, comm_floor, simulate
 from horovod_prio.sim.profiles import BUILTIN, Profile, get_profile
 
+from .bounds import overlap_bound
 from .harness import git_rev
 
 
@@ -115,7 +116,7 @@ def ceiling(profile: Profile, workers: int, link: LinkConfig, steps: int,
     layer_bound = per_layer_bound(profile, workers, link)
     return {"compute_s": profile.compute_s, "forward_s": profile.forward_s,
             "grad_bytes": profile.grad_bytes, "link_floor_s": floor, "hvd_step_s": hvd,
-            "bound_speedup": hvd / max(profile.compute_s, floor),
+            "bound_speedup": hvd / overlap_bound(profile.forward_s, profile.backward_s, floor),
             "per_layer_bound_s": layer_bound,
             "per_layer_bound_speedup": hvd / max(profile.compute_s, floor, layer_bound),
             "grid": grid, "best": best}

@@ -398,6 +398,23 @@ def write_report(results: dict, out: Path) -> dict:
     return written
 
 
+def bound_cells(base_s: float, ours_s: float, bound_s: float) -> tuple[str, str]:
+    """A headline row's ratio and share of its bound's gain, side by side:
+    ``("1.18×", "60%")``, or ``("1.03×", "no headroom (5%)")`` where the
+    bound leaves less than 10 % (see ``benchmarks.bounds.capture``)."""
+    from .bounds import capture
+    c = capture(base_s, ours_s, bound_s)
+    if c.share is None:
+        return f"{c.ratio:.2f}×", f"no headroom ({c.headroom:.0%})"
+    return f"{c.ratio:.2f}×", f"{c.share:.0%}"
+
+
+def aa_line(pairs) -> str:
+    """The testbed's resolution line from (A, A') pairs of identical runs."""
+    from .bounds import aa_resolution
+    return aa_resolution(pairs).text()
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="python -m benchmarks.report")
     ap.add_argument("results", help="results.json written by benchmarks.run")

@@ -65,6 +65,8 @@ import weakref
 from dataclasses import dataclass
 from pathlib import Path
 
+from . import cgroups
+from .cgroups import Cgroup, Limits
 from .netns import (HarnessError, kill_namespace_processes, list_namespaces, parse_rate,
                     parse_time, require_root, require_tools, run_cmd, stop_process_groups)
 
@@ -85,6 +87,8 @@ class Host:
     netns: str           # its network namespace
     peer: str            # its veth peer's name in the fabric namespace
     cpus: str | None = None   # taskset CPU list for commands run on it via the shim
+    kind: str | None = None   # host kind (benchmarks.cgroups.KINDS): its own cgroup
+    limits: Limits | None = None   # that cgroup's limits
 
 
 @dataclass(frozen=True)
@@ -157,13 +161,16 @@ class Topology:
                      ["ip", "-n", h.netns, "link", "set", "eth0", "up"]]
         return cmds
 
-    def shim_script(self, log_path: Path, home: str = "/root") -> str:
-        """The ``ssh`` shim (POSIX sh) for this topology."""
+    def shim_script(self, log_path: Path, home: str = "/root",
+                    cgroups: dict[str, list[str]] | None = None) -> str:
+        """The ``ssh`` shim (POSIX sh) for this topology; ``cgroups``: host ->
+        the ``cgroup.procs`` files a command on that host joins before it runs."""
         cases = []
         for h in self.hosts:
             cpus = shlex.quote(h.cpus) if h.cpus else "''"
+            cg = shlex.quote(" ".join((cgroups or {}).get(h.name, []))) or "''"
             cases.append(f"  {h.name}|{h.address}) ns={shlex.quote(h.netns)}; "
-                         f"name={h.name}; cpus={cpus} ;;")
+                         f"name={h.name}; cpus={cpus}; cg={cg} ;;")
         return _SHIM.format(tag=self.tag, log=shlex.quote(str(log_path)),
                             cases="\n".join(cases), path=LOGIN_PATH, home=shlex.quote(home))
 
@@ -197,6 +204,9 @@ printf '%s %s %s\n' "$(date +%s.%N)" "$name" \
   >> {log}
 pin=
 [ -n "$cpus" ] && pin="taskset -c $cpus"
+for f in $cg; do
+  echo $$ > "$f" || {{ echo "ssh shim: cannot join the cgroup of $name ($f)" >&2; exit 255; }}
+done
 exec ip netns exec "$ns" env -i HOME={home} USER=root LOGNAME=root SHELL=/bin/sh \
   LANG=C.UTF-8 PATH={path} $pin unshare --uts /bin/sh -c 'hostname "$1" && exec /bin/sh -c "$2"' \
   ssh-shim "$name" "$cmd"
@@ -206,12 +216,16 @@ exec ip netns exec "$ns" env -i HOME={home} USER=root LOGNAME=root SHELL=/bin/sh
 def plan_topology(rack_a: list[str], rack_b: list[str], *, rate: str = "1gbit",
                   burst: str = "1mb", latency: str = "50ms", subnet: str = "10.77.0.0/16",
                   cpus: dict[str, str] | None = None, tag: str | None = None,
-                  extra_hosts: tuple[str, ...] = ("head", "arbiter")) -> Topology:
+                  extra_hosts: tuple[str, ...] = ("head", "arbiter"),
+                  kinds: dict | None = None) -> Topology:
     """Hosts ``extra_hosts`` + ``rack_a`` on rack A, ``rack_b`` on rack B.
 
     Addresses: rack A hosts ``x.y.1.1, .2, ...`` (the extra hosts first), rack B
     ``x.y.2.1, ...`` of ``subnet`` (a /16 or larger, private). ``cpus``: host
-    name -> taskset CPU list for what the shim runs on that host."""
+    name -> taskset CPU list for what the shim runs on that host. ``kinds``:
+    host name -> its kind, as ``"KIND[,key=value...]"`` text (see
+    ``benchmarks.cgroups``) or a ``(kind, Limits)`` pair: the host gets a
+    cgroup of its own with those limits."""
     parse_rate(rate)
     parse_time(latency, "latency")
     if not re.match(r"^\d+(\.\d+)?(b|kb|k|mb|m|gb|g|kbit|mbit|gbit)?$", str(burst), re.I):
@@ -244,6 +258,12 @@ def plan_topology(rack_a: list[str], rack_b: list[str], *, rate: str = "1gbit",
     for n, c in cpus.items():
         if c is not None and not re.fullmatch(r"\d+([-,]\d+)*", str(c)):
             raise ValueError(f"invalid CPU list {c!r} for host {n}: expected e.g. 0 or 0,1")
+    kind_of = {}
+    for n, k in (kinds or {}).items():
+        if n not in names:
+            raise ValueError(f"host kind given for unknown host {n!r} (hosts: {', '.join(names)})")
+        kind_of[n] = (cgroups.parse_host_kind(f"{n}={k}")[1:] if isinstance(k, str)
+                      else (k[0], k[1]))
     tag = tag or f"{os.getpid()}-{next(_counter)}"
     if not re.fullmatch(r"[A-Za-z0-9-]{1,24}", tag):
         raise ValueError(f"invalid tag {tag!r}")
@@ -254,13 +274,18 @@ def plan_topology(rack_a: list[str], rack_b: list[str], *, rate: str = "1gbit",
             hosts.append(Host(name=n, rack=rack,
                               address=str(ipaddress.IPv4Address(base + third * 256 + i + 1)),
                               netns=f"{PREFIX}{tag}-{n}", peer=f"p{len(hosts)}",
-                              cpus=cpus.get(n)))
+                              cpus=cpus.get(n), kind=kind_of.get(n, (None, None))[0],
+                              limits=kind_of.get(n, (None, None))[1]))
     return Topology(tag=tag, rate=rate, burst=burst, latency=latency, prefixlen=net.prefixlen,
                     hosts=tuple(hosts), fabric=f"{PREFIX}{tag}-fab")
 
 
-def host_command(host: Host, argv: list[str], cpus: str | None = None) -> list[str]:
+def host_command(host: Host, argv: list[str], cpus: str | None = None,
+                 procs_files: list[str] | None = None) -> list[str]:
+    """``argv`` on ``host``; with ``procs_files`` it joins those cgroups first."""
     pre = ["ip", "netns", "exec", host.netns]
+    if procs_files:
+        pre = cgroups.wrap_command(procs_files, pre)
     if cpus is not None:
         pre += ["taskset", "-c", str(cpus)]
     return pre + ["unshare", "--uts", "/bin/sh", "-c", 'hostname "$0" && exec "$@"',
@@ -313,6 +338,7 @@ class Testbed:
         self._created: list[str] = []
         self._holder: subprocess.Popen | None = None
         self._lock = threading.Lock()
+        self.cgroups: dict[str, Cgroup] = {}     # host -> its cgroup (hosts with a kind)
 
     # -- lifecycle ---------------------------------------------------------
     def create(self) -> "Testbed":
@@ -322,9 +348,13 @@ class Testbed:
             if shutil.which(tool) is None:
                 raise HarnessError(f"missing {tool}: install util-linux / hostname")
         cleanup_stale()
+        cgroups.cleanup_stale()      # groups of testbeds whose process is gone
         _live.add(self)
         try:
             topo = self.topology
+            for h in topo.hosts:
+                if h.limits is not None:
+                    self.cgroups[h.name] = Cgroup(f"{topo.tag}-{h.name}", h.limits).create()
             for ns in topo.namespaces():
                 run_cmd(["ip", "netns", "add", ns])
                 self._created.append(ns)
@@ -338,7 +368,8 @@ class Testbed:
             self.shim_dir = Path(tempfile.mkdtemp(prefix=f"{PREFIX}{topo.tag}-shim-"))
             shim = self.shim_dir / "ssh"
             shim.write_text(topo.shim_script(self.shim_dir / "ssh.log",
-                                             home=os.environ.get("HOME", "/root")))
+                                             home=os.environ.get("HOME", "/root"),
+                                             cgroups=self.cgroup_files()))
             shim.chmod(0o755)
             (self.shim_dir / "ssh.log").touch()
             # a process inside the fabric namespace, so its counters can be read
@@ -366,6 +397,11 @@ class Testbed:
     def __exit__(self, *exc) -> None:
         self.cleanup()
 
+    def cgroup_files(self) -> dict[str, list[str]]:
+        """host -> the ``cgroup.procs`` files of its cgroup (hosts with a kind), as
+        the ssh shim sees them: it runs inside a host's ``ip netns exec``."""
+        return {h: cg.procs_files(in_netns=True) for h, cg in self.cgroups.items()}
+
     def exists(self) -> bool:
         have = set(list_namespaces(PREFIX))
         return any(ns in have for ns in self.topology.namespaces())
@@ -373,8 +409,11 @@ class Testbed:
     # -- commands on hosts -------------------------------------------------
     def command(self, host: str, argv: list[str], cpus: str | None = None) -> list[str]:
         """``argv`` on ``host``: in its namespace, with its host name (own UTS
-        namespace), pinned to ``cpus`` if given (the environment is the caller's)."""
-        return host_command(self.topology.host(host), argv, cpus)
+        namespace), pinned to ``cpus`` if given, in its cgroup if it has one (the
+        environment is the caller's)."""
+        h = self.topology.host(host)
+        cg = self.cgroups.get(h.name)
+        return host_command(h, argv, cpus, cg.procs_files() if cg else None)
 
     def popen(self, host: str, argv: list[str], cpus: str | None = None,
               **kw) -> subprocess.Popen:
@@ -498,8 +537,17 @@ class Testbed:
                 pass
             if self.shim_dir is not None:
                 shutil.rmtree(self.shim_dir, ignore_errors=True)
+            errors = []
+            for cg in self.cgroups.values():        # after their processes are gone
+                try:
+                    cg.remove()
+                except HarnessError as e:
+                    errors.append(str(e))
+            self.cgroups = {}
             self._created = []
             _live.discard(self)
+            if errors:
+                raise HarnessError("; ".join(errors))
 
 
 @atexit.register

@@ -1,0 +1,100 @@
+"""benchmarks/bounds.py: the bound arithmetic (pure, canned numbers)."""
+import math
+
+import pytest
+
+from benchmarks import bounds
+
+
+def test_ring_allreduce_bytes_and_link_floor():
+    assert bounds.ring_allreduce_bytes(100, 1) == 0
+    assert bounds.ring_allreduce_bytes(100, 2) == 100          # 2(n-1)/n = 1
+    assert bounds.ring_allreduce_bytes(100, 4) == 150          # 2*3/4
+    assert bounds.link_floor(125_000_000, 1e9) == 1.0          # 1 Gbit in 1 s
+    # 2 jobs of 2 ranks, 24 MiB of gradients each, 1 Gbit/s: 2 x 24 MiB per direction
+    s = 24 << 20
+    assert bounds.ring_floor(s, 2, 1e9, jobs=2) == pytest.approx(2 * s * 8 / 1e9)
+    assert bounds.ring_floor(s, 8, 1e9) == pytest.approx(1.75 * s * 8 / 1e9)
+
+
+@pytest.mark.parametrize("call, needle", [
+    (lambda: bounds.ring_allreduce_bytes(100, 0), "ranks must be an integer >= 1"),
+    (lambda: bounds.ring_allreduce_bytes(-1, 2), "grad_bytes"),
+    (lambda: bounds.link_floor(100, 0), "rate must be"),
+    (lambda: bounds.ring_floor(100, 2, 1e9, jobs=0), "jobs must be"),
+    (lambda: bounds.overlap_bound(-0.1, 0.2, 0.3), "forward time"),
+    (lambda: bounds.overlap_ceiling(0.1, 0.2, 0.3, float("nan")), "base step"),
+    (lambda: bounds.overlap_ceiling(0, 0, 0, 1.0), "no bound"),
+    (lambda: bounds.capture(1.0, 0.9, 0), "bound must be"),
+    (lambda: bounds.capture("1", 0.9, 0.5), "base must be"),
+    (lambda: bounds.class1(1.0, 0), "alone step"),
+    (lambda: bounds.aa_resolution([]), "at least one"),
+    (lambda: bounds.aa_resolution([(1.0, 1.1, 1.2)]), "pair 0: expected"),
+    (lambda: bounds.aa_resolution([(1.0, 1.1), (0, 1.0)]), "pair 1 A must be"),
+])
+def test_bad_inputs_are_named(call, needle):
+    with pytest.raises(ValueError, match=needle):
+        call()
+
+
+def test_overlap_ceiling_is_the_measured_step_over_max_of_compute_and_comm():
+    # MobileNetV2-like: forward 0.18, backward 0.37, comm 0.40, plain step 0.706
+    c = bounds.overlap_ceiling(0.18, 0.37, 0.40, 0.706)
+    assert c.bound_s == pytest.approx(0.55) and c.speedup == pytest.approx(0.706 / 0.55)
+    # communication-bound: the link floor is the bound
+    c = bounds.overlap_ceiling(0.1, 0.2, 0.5, 0.6)
+    assert c.bound_s == 0.5 and c.speedup == pytest.approx(1.2)
+
+
+def test_share_of_the_bound_captured():
+    c = bounds.capture(base_s=1.0, ours_s=0.85, bound_s=0.75)
+    assert c.share == pytest.approx(0.6) and c.headroom == pytest.approx(0.25)
+    assert c.ratio == pytest.approx(1 / 0.85) and c.note == ""
+    assert c.text() == "1.18x, 60% of the bound's gain"
+    # slower than the baseline: a negative share
+    assert bounds.capture(1.0, 1.05, 0.75).share == pytest.approx(-0.2)
+    # better than the bound: reported, flagged
+    c = bounds.capture(1.0, 0.7, 0.75)
+    assert c.share == pytest.approx(1.2) and "beyond the bound" in c.note
+
+
+def test_no_headroom_below_ten_percent():
+    c = bounds.capture(base_s=1.0, ours_s=0.97, bound_s=0.95)       # 5 % headroom
+    assert c.share is None and c.headroom == pytest.approx(0.05)
+    assert c.note.startswith("no headroom (5%")
+    assert c.text().startswith("1.03x, no headroom")
+    assert bounds.capture(1.0, 0.97, 0.90).share == pytest.approx(0.3)   # exactly 10 %: kept
+    c = bounds.capture(1.0, 0.9, 1.1)                                # bound above the base
+    assert c.share is None and c.headroom < 0
+    assert bounds.capture(1.0, 0.97, 0.95, min_headroom=0.01).share == pytest.approx(0.6)
+
+
+def test_class1_against_its_alone_time():
+    d = bounds.class1(shared_s=0.42, alone_s=0.40)
+    assert d == {"vs_alone": pytest.approx(1.05)}
+    d = bounds.class1(shared_s=0.44, alone_s=0.40, base_s=0.60)       # plain Horovod: 1.5x
+    assert d["vs_alone"] == pytest.approx(1.1)
+    assert d["capture"].share == pytest.approx(0.8)
+
+
+def test_aa_resolution_from_paired_repeats():
+    r = bounds.aa_resolution([(1.00, 1.02), (0.50, 0.49), (2.0, 2.0), (1.0, 0.95)])
+    assert r.pairs == 4
+    assert r.diffs == pytest.approx((0.02, -0.02, 0.0, -0.05))
+    assert r.median == pytest.approx(0.02) and r.max == pytest.approx(0.05)
+    runs = [1.0, 1.02, 0.5, 0.49, 2.0, 2.0, 1.0, 0.95]
+    mean = sum(runs) / len(runs)
+    sd = math.sqrt(sum((x - mean) ** 2 for x in runs) / (len(runs) - 1))
+    assert r.cv == pytest.approx(sd / mean)
+    assert r.text() == "A/A resolution over 4 pair(s): median 2.0%, max 5.0%, cv " + \
+        f"{sd / mean:.1%}"
+    one = bounds.aa_resolution([(1.0, 1.1)])
+    assert one.median == one.max == pytest.approx(0.1) and one.cv is None
+
+
+def test_report_cells_show_ratio_and_share_side_by_side():
+    from benchmarks import report
+    assert report.bound_cells(1.0, 0.85, 0.75) == ("1.18×", "60%")
+    assert report.bound_cells(1.0, 0.97, 0.95) == ("1.03×", "no headroom (5%)")
+    assert report.aa_line([(1.0, 1.02), (1.0, 0.99)]).startswith(
+        "A/A resolution over 2 pair(s): median 1.5%, max 2.0%")
