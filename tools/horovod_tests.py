@@ -15,7 +15,11 @@ swapped run must pass every test the plain run passes, on every rank, and
 must not fail a test the plain run skips; the exit code says whether it did.
 
     python tools/horovod_tests.py --src ../horovod [--suite keras,tensorflow] \
-        [--controller gloo,mpi] [--out DIR] [--timeout 1500]
+        [--controller gloo,mpi] [--examples keras_synthetic,synthetic|none] [--out DIR]
+
+Horovod's TF2 example scripts that need no download (the synthetic benchmarks,
+with short arguments) run the same way, plain and swapped: both must finish,
+and the swapped one must have sent its gradients through our scheduler.
 
 ``make conformance HOROVOD_SRC=...`` runs every suite on both controllers.
 """
@@ -46,6 +50,24 @@ SUITES = {
     "process_sets_dynamic": ("test_tensorflow_process_sets_dynamic.py",
                              "import horovod.tensorflow as hvd",
                              "import horovod_prio.tensorflow as hvd"),
+}
+# Horovod's TF2 example scripts that run offline (synthetic data), with short arguments.
+# The MNIST examples download their data set at run time: not run here.
+EXAMPLES = {
+    "keras_synthetic": ("examples/tensorflow2/tensorflow2_keras_synthetic_benchmark.py",
+                        "import horovod.tensorflow.keras as hvd",
+                        "import horovod_prio.tensorflow.keras as hvd",
+                        ["--model", "MobileNetV2", "--batch-size", "8",
+                         "--num-batches-per-iter", "2", "--num-iters", "2"]),
+    "synthetic": ("examples/tensorflow2/tensorflow2_synthetic_benchmark.py",
+                  "import horovod.tensorflow as hvd", "import horovod_prio.tensorflow as hvd",
+                  ["--model", "MobileNetV2", "--batch-size", "8", "--num-warmup-batches", "1",
+                   "--num-batches-per-iter", "2", "--num-iters", "2"]),
+    "synthetic_fp16": ("examples/tensorflow2/tensorflow2_synthetic_benchmark.py",
+                       "import horovod.tensorflow as hvd", "import horovod_prio.tensorflow as hvd",
+                       ["--model", "MobileNetV2", "--batch-size", "8", "--num-warmup-batches",
+                        "1", "--num-batches-per-iter", "2", "--num-iters", "2",
+                        "--fp16-allreduce"]),
 }
 # every suite's helpers (test/parallel imports them by name, test/utils via sys.path)
 HELPERS = ("test/conftest.py", "test/utils/common.py", "test/parallel/base_test_tensorflow.py")
@@ -123,6 +145,69 @@ def parse_junit(path):
     return out
 
 
+def _horovodrun(controller, np, args, cwd, log_path, timeout, extra_env=None):
+    horovodrun = shutil.which("horovodrun", path=os.path.dirname(sys.executable) + os.pathsep
+                              + os.environ.get("PATH", ""))
+    cmd = [horovodrun or "horovodrun", "-np", str(np), "-H", "localhost:%d" % np,
+           "--" + controller] + (["--network-interface", "lo"] if controller == "gloo" else []) \
+        + [sys.executable] + list(args)
+    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", PYTHONPATH=os.pathsep.join(
+        [p for p in (os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+                     os.environ.get("PYTHONPATH")) if p]))
+    # loopback only, as root (what tests/tf/hvdrun.py sets)
+    for key, value in (("OMPI_ALLOW_RUN_AS_ROOT", "1"), ("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1"),
+                       ("OMPI_MCA_btl", "self,tcp"), ("OMPI_MCA_btl_tcp_if_include", "lo"),
+                       ("OMPI_MCA_oob_tcp_if_include", "lo")):
+        env.setdefault(key, value)
+    env.update(extra_env or {})
+    start = time.monotonic()
+    with open(log_path, "w") as log:
+        proc = subprocess.Popen(cmd, cwd=cwd, stdout=log, stderr=subprocess.STDOUT, env=env,
+                                start_new_session=True)
+        try:
+            rc = proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, 9)
+            proc.wait()
+            rc = "timeout after %ds" % timeout
+    return rc, round(time.monotonic() - start, 1)
+
+
+def run_example(src, name, controller, workdir, timeout, np=2):
+    """Run one example plain and swapped; return a list of problems (empty: it conforms)."""
+    rel, old, new, args = EXAMPLES[name]
+    text = read_source(src, rel)
+    problems, logs = [], {}
+    for swapped in (False, True):
+        root = os.path.join(workdir, "example-%s-%s-%s" % (name, controller,
+                                                            "swapped" if swapped else "plain"))
+        shutil.rmtree(root, ignore_errors=True)
+        os.makedirs(root)
+        script = os.path.join(root, os.path.basename(rel))
+        with open(script, "w") as f:
+            f.write(swap_import(text, old, new, rel) if swapped else text)
+        trace = os.path.join(root, "trace.json")
+        rc, secs = _horovodrun(controller, np, [script] + args, root,
+                               os.path.join(root, "horovodrun.log"), timeout,
+                               {"HOROVOD_PRIO_TRACE": trace} if swapped else None)
+        with open(os.path.join(root, "horovodrun.log"), errors="replace") as f:
+            logs[swapped] = f.read()
+        what = "swapped" if swapped else "plain"
+        if rc != 0:
+            problems.append("%s: %s run exited %s (log %s/horovodrun.log)" % (name, what, rc, root))
+        elif "Total img/sec" not in logs[swapped]:
+            problems.append("%s: %s run printed no 'Total img/sec'" % (name, what))
+        if swapped and rc == 0:
+            chunks = 0
+            if os.path.exists(trace):
+                from horovod_prio.runtime.trace import load_trace
+                chunks = sum(1 for e in load_trace(trace) if e.get("cat") == "chunk")
+            if not chunks:
+                problems.append("%s: the swapped run sent no chunk through the priority "
+                                "scheduler (trace %s)" % (name, trace))
+    return problems
+
+
 def run_suite(src, suite, controller, swapped, workdir, timeout, np=2):
     """Run one suite once; return {'ranks': {rank: {test: outcome}}, 'rc', 'seconds', 'log'}."""
     tag = "%s-%s-%s" % (suite, controller, "swapped" if swapped else "plain")
@@ -134,38 +219,16 @@ def run_suite(src, suite, controller, swapped, workdir, timeout, np=2):
     runner = os.path.join(root, "rank_runner.py")
     with open(runner, "w") as f:
         f.write(RANK_RUNNER)
-    horovodrun = shutil.which("horovodrun", path=os.path.dirname(sys.executable) + os.pathsep
-                              + os.environ.get("PATH", ""))
-    cmd = [horovodrun or "horovodrun", "-np", str(np), "-H", "localhost:%d" % np,
-           "--" + controller] + (["--network-interface", "lo"] if controller == "gloo" else []) \
-        + [sys.executable, runner, results, test_file]
-    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", PYTHONPATH=os.pathsep.join(
-        [p for p in (os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
-                     os.environ.get("PYTHONPATH")) if p]))
-    # loopback only, as root (what tests/tf/hvdrun.py sets)
-    for key, value in (("OMPI_ALLOW_RUN_AS_ROOT", "1"), ("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1"),
-                       ("OMPI_MCA_btl", "self,tcp"), ("OMPI_MCA_btl_tcp_if_include", "lo"),
-                       ("OMPI_MCA_oob_tcp_if_include", "lo")):
-        env.setdefault(key, value)
     log_path = os.path.join(root, "horovodrun.log")
-    start = time.monotonic()
-    with open(log_path, "w") as log:
-        proc = subprocess.Popen(cmd, cwd=os.path.dirname(test_file), stdout=log,
-                                stderr=subprocess.STDOUT, env=env, start_new_session=True)
-        try:
-            rc = proc.wait(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, 9)
-            proc.wait()
-            rc = "timeout after %ds" % timeout
+    rc, secs = _horovodrun(controller, np, [runner, results, test_file],
+                           os.path.dirname(test_file), log_path, timeout)
     ranks = {}
     for name in sorted(os.listdir(results)):
         m = re.match(r"rank-(\w+)\.xml$", name)
         if m:
             ranks[m.group(1)] = parse_junit(os.path.join(results, name))
     return {"suite": suite, "controller": controller, "swapped": swapped, "rc": rc,
-            "seconds": round(time.monotonic() - start, 1), "ranks": ranks, "log": log_path,
-            "np": np}
+            "seconds": secs, "ranks": ranks, "log": log_path, "np": np}
 
 
 def outcomes(run):
@@ -235,6 +298,10 @@ def main(argv=None):
                     type=lambda t: parse_list(t, tuple(SUITES), "--suite"))
     ap.add_argument("--controller", default=",".join(CONTROLLERS),
                     type=lambda t: parse_list(t, CONTROLLERS, "--controller"))
+    ap.add_argument("--examples", default=",".join(EXAMPLES),
+                    type=lambda t: [] if t == "none" else parse_list(t, tuple(EXAMPLES),
+                                                                    "--examples"),
+                    help="Horovod's TF2 examples to run plain and swapped ('none': no example)")
     ap.add_argument("--out", default=None, help="scratch folder (default: a temporary one)")
     ap.add_argument("--timeout", type=int, default=1500, help="seconds per horovodrun")
     ap.add_argument("--json", default=None, help="write the summary here")
@@ -262,6 +329,17 @@ def main(argv=None):
                            "plain": summary(plain), "swapped": summary(swapped),
                            "plain_s": plain["seconds"], "swapped_s": swapped["seconds"],
                            "problems": problems})
+    for name in args.examples:
+        for controller in args.controller:
+            problems = run_example(args.src, name, controller, workdir, args.timeout)
+            failed |= bool(problems)
+            print("example %-14s %-4s %s" % (name, controller, "OK: plain and swapped ran, the "
+                                             "swapped one through the priority scheduler"
+                                             if not problems else "%d PROBLEMS" % len(problems)),
+                  flush=True)
+            for p in problems:
+                print("    " + p, flush=True)
+            report.append({"example": name, "controller": controller, "problems": problems})
     if args.json:
         with open(args.json, "w") as f:
             json.dump(report, f, indent=1)
