@@ -241,7 +241,9 @@ def run(out=None, timeout=3.0):
 
 def main(argv=None):
     p = argparse.ArgumentParser(prog="horovod-prio check", description=__doc__.split("\n\n")[0])
-    p.add_argument("--timeout", type=float, default=3.0,
+    from horovod_prio.method import units
+    p.add_argument("--timeout", type=units.arg(units.parse_float, 0, strict=True, unit=" seconds"),
+                   default=3.0,
                    help="seconds to wait for the arbiter (default 3)")
     args = p.parse_args(argv)
     return 1 if run(timeout=args.timeout) else 0

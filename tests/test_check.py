@@ -112,3 +112,13 @@ def test_check_fails_with_the_fix_on_a_bad_configuration_value(tmp_path):
     status, detail, fix = line(r.stdout, "configuration")
     assert status == "FAIL" and "num_groups" in detail and "HOROVOD_PRIO_NUM_GROUPS" in detail
     assert "'abc'" in detail and "unset" in fix
+
+
+def test_check_warns_of_a_misspelt_variable_and_rejects_a_bad_timeout(tmp_path):
+    r = run_check(tmp_path, HOROVOD_PRIO_NUM_GROPS="3")
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert re.search(r"^\[warn\] configuration .*HOROVOD_PRIO_NUM_GROPS \(did you mean "
+                     r"HOROVOD_PRIO_NUM_GROUPS\?\)", r.stdout, re.M), r.stdout
+    r = subprocess.run([sys.executable, "-m", "horovod_prio.cli", "check", "--timeout", "-1"],
+                       cwd=str(tmp_path), env=_env(), capture_output=True, text=True, timeout=60)
+    assert r.returncode == 2 and "--timeout" in r.stderr and "> 0 seconds" in r.stderr, r.stderr
