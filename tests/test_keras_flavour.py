@@ -62,9 +62,10 @@ def test_require_keras2_raises_an_import_error():
 IMPORT_ON_KERAS3 = r"""
 import os, sys
 os.environ["TF_CPP_MIN_LOG_LEVEL"] = "2"
-os.environ.pop("TF_USE_LEGACY_KERAS", None)
 import tensorflow as tf
+import horovod_prio.tensorflow               # (imports horovod.tensorflow with this stack's env)
 from horovod_prio import stack
+os.environ["TF_USE_LEGACY_KERAS"] = "0"       # what a TF 2.16 user without the variable has
 tf.__version__ = "2.16.2"                     # what a TF 2.16 install reports
 stack.installed_version = lambda d: {"keras": "3.3.3"}.get(d)
 try:
