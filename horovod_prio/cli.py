@@ -1,8 +1,9 @@
-"""``horovod-prio`` command line: ``horovod-prio {sim,arbiter} ...``."""
+"""``horovod-prio`` command line: ``horovod-prio {check,sim,arbiter} ...``."""
 import importlib
 import sys
 
 COMMANDS = {
+    "check": ("horovod_prio.check", "check the installed stack, our libraries, config and arbiter"),
     "sim": ("horovod_prio.sim.cli", "discrete-event simulator of jobs sharing links"),
     "arbiter": ("horovod_prio.arbiter.cli", "cross-job link arbiter service"),
 }

@@ -719,81 +719,17 @@ _FLUSH_FIRST = ("evaluate", "predict", "predict_on_batch", "test_on_batch", "sav
                 "save_weights", "load_weights", "get_weights", "set_weights")
 
 
-def _safe_callback_classes():
-    names = ("History", "ProgbarLogger", "BaseLogger", "TerminateOnNaN", "CSVLogger",
-             "TensorBoard", "LearningRateScheduler", "ReduceLROnPlateau", "EarlyStopping",
-             "ModelCheckpoint", "RemoteMonitor")
-    safe = _classes(tf.keras.callbacks, names)
-    try:
-        from horovod._keras import callbacks as hk
-        safe += _classes(hk, ("MetricAverageCallbackImpl", "LearningRateScheduleCallbackImpl"))
-    except ImportError:  # pragma: no cover
-        pass
-    return safe
-
-
-def _broadcast_class():
-    try:
-        from horovod._keras.callbacks import BroadcastGlobalVariablesCallbackImpl
-        return BroadcastGlobalVariablesCallbackImpl
-    except ImportError:  # pragma: no cover
-        return ()
-
-
-_BATCH_HOOKS = ("on_train_batch_begin", "on_train_batch_end", "on_batch_begin", "on_batch_end")
-_warned_callbacks = set()
-
-
-def _is_default(method):
-    return bool(getattr(method, "_is_default", False))
-
-
 def _guard_callbacks(callbacks, do_flush):
-    """Make batch-level callbacks that may touch weights flush first. Returns an
-    undo function (the callbacks are the user's objects)."""
-    undo = []
-    safe, bcast = _safe_callback_classes(), _broadcast_class()
-    for cb in callbacks:
-        if getattr(cb, "hvd_prio_overlap_safe", False) or isinstance(cb, safe) \
-                or isinstance(cb, _FlushAtEpochEnd):
-            continue
-        hooks = [h for h in _BATCH_HOOKS if hasattr(cb, h) and not _is_default(getattr(cb, h))]
-        if bcast and isinstance(cb, bcast):
-            hooks = ["on_batch_end"]
-            cond = lambda cb=cb: not cb.broadcast_done  # noqa: E731 - flush before its broadcast
-        else:
-            cond = lambda: True  # noqa: E731
-            if hooks and type(cb) not in _warned_callbacks:
-                _warned_callbacks.add(type(cb))
-                log.info("horovod_prio: overlap: callback %s has batch hooks that may read or write "
-                         "weights, so pending updates are flushed before each of them (set "
-                         "`hvd_prio_overlap_safe = True` on it if it touches no weights)",
-                         type(cb).__name__)
-        for h in hooks:
-            orig = getattr(cb, h)
-
-            def hook(*args, _orig=orig, _cond=cond, **kwargs):
-                if _cond():
-                    do_flush()
-                return _orig(*args, **kwargs)
-
-            had = h in cb.__dict__
-            old = cb.__dict__.get(h)
-            cb.__dict__[h] = hook
-            undo.append((cb, h, had, old))
-
-    def restore():
-        for cb, h, had, old in reversed(undo):
-            if had:
-                cb.__dict__[h] = old
-            else:
-                cb.__dict__.pop(h, None)
-    return restore
+    """Batch-level callbacks that may touch weights flush first (the decisions:
+    ``horovod_prio.tensorflow.keras.callback_guard``). Returns an undo function."""
+    from horovod_prio.tensorflow.keras import callback_guard
+    return callback_guard.guard(callbacks, do_flush)
 
 
 class _FlushAtEpochEnd(tf.keras.callbacks.Callback):
     """First callback of an overlapped fit: pending updates are applied before
     any other callback sees the epoch's end."""
+    hvd_prio_overlap_safe = True
 
     def __init__(self, do_flush):
         super().__init__()

@@ -5,11 +5,21 @@ callbacks, elastic, broadcast, allreduce, ...) is here unchanged (copied into
 this module's namespace); ``DistributedOptimizer`` and ``load_model`` add
 priority scheduling (``priority=PriorityConfig(...)`` or ``HOROVOD_PRIO_*``
 environment variables).
-"""
-import horovod.tensorflow.keras as _hvd_keras
 
-from horovod_prio.method.config import PriorityConfig
-from horovod_prio.tensorflow import optimizer as _opt
+Needs Keras 2 as ``tf.keras`` (TensorFlow <= 2.15, or TensorFlow >= 2.16 with
+``tf_keras`` and ``TF_USE_LEGACY_KERAS=1``): on Keras 3 the import fails with
+the fix (:mod:`horovod_prio.stack`).
+"""
+import tensorflow as _tf
+
+from horovod_prio.stack import require_keras2 as _require_keras2
+
+_require_keras2(_tf.__version__)
+
+import horovod.tensorflow.keras as _hvd_keras  # noqa: E402
+
+from horovod_prio.method.config import PriorityConfig  # noqa: E402
+from horovod_prio.tensorflow import optimizer as _opt  # noqa: E402
 
 # (our own callbacks/elastic submodules replace Horovod's: not copied)
 globals().update({_n: getattr(_hvd_keras, _n) for _n in dir(_hvd_keras)
