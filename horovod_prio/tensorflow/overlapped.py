@@ -523,6 +523,67 @@ class _OverlapState:
         self.pipelines = {}
         self.lock = threading.Lock()
         self.hvd_allreduce = opt._allreduce
+        self.sparse_vars = set()   # refs of variables whose gradients came sparse
+
+    def _reduce_sparse(self, g, v):
+        """A sparse gradient (tf.IndexedSlices) in the training call: Horovod's own
+        allgather path (what plain Horovod does with it); the optimizer applies it
+        in this call, with its own sparse update (see :meth:`_apply_sparse`)."""
+        base, opt = self.base, self.opt
+        helper = getattr(opt, "_agg_helper", None)
+        if helper is not None:
+            raise ValueError(
+                "hvd.overlap: the gradient of %s is sparse (tf.IndexedSlices) and "
+                "backward_passes_per_step > 1: overlap applies sparse gradients in the training "
+                "call, the aggregation helper would apply them a step late. Pass "
+                "sparse_as_dense=True or backward_passes_per_step=1" % v.name)
+        if getattr(opt, "global_clipnorm", None) is not None:
+            raise ValueError(
+                "hvd.overlap: the gradient of %s is sparse (tf.IndexedSlices) and the optimizer "
+                "has global_clipnorm: the global norm would span gradients applied in two places "
+                "(sparse ones in the training call, dense ones in the background). Use clipnorm, "
+                "sparse_as_dense=True, or drop global_clipnorm" % v.name)
+        if v.constraint is not None:
+            raise ValueError("hvd.overlap: %s has a constraint and a sparse gradient (Keras "
+                             "refuses constraints on sparse updates too)" % v.name)
+        self.sparse_vars.add(v.ref())
+        if not (base.process_set.included() and base.process_set.size() > 1):
+            return g   # Horovod's identity here too (its _allreduce_cond)
+        return _hvd.allreduce(g, device_dense=base.device_dense, device_sparse=base.device_sparse,
+                              compression=base.compression, op=base.op,
+                              prescale_factor=base.prescale, postscale_factor=base.postscale,
+                              process_set=base.process_set)
+
+    def _apply_sparse(self, sparse_gv):
+        """Apply the reduced sparse gradients in the training call, as the optimizer's own
+        apply_gradients would (clipping, duplicate rows summed, its sparse update), with
+        the step's ``iterations`` (before it advances) -- the value the background update
+        of the dense variables reads for the same step."""
+        opt = self.opt
+        grads = [g for g, _ in sparse_gv]
+        variables = [v for _, v in sparse_gv]
+        updates = []
+        if self.legacy:
+            with tf.init_scope():
+                opt._create_all_weights(variables)
+            apply_state = opt._prepare(variables)
+            gv = opt._transform_unaggregated_gradients(list(sparse_gv))
+            gv = opt._aggregate_gradients(gv)
+            gv = opt._transform_gradients(gv)
+            kwargs = {"apply_state": apply_state} if "apply_state" in opt._sparse_apply_args \
+                else {}
+            for g, v in gv:
+                updates.append(opt._resource_apply_sparse_duplicate_indices(
+                    g.values, v, g.indices, **kwargs))
+        else:
+            opt._compute_current_learning_rate()
+            grads = opt._clip_gradients(grads)
+            grads = opt._deduplicate_sparse_grad(grads)
+            opt._apply_weight_decay(variables)
+            for g, v in zip(grads, variables):
+                updates.append(opt._update_step_xla(g, v, id(opt._var_key(v))) if opt.jit_compile
+                               else opt._update_step(g, v))
+        return [u for u in updates if u is not None]
 
     # -- hooks installed on the optimizer ---------------------------------------------
     @tf.autograph.experimental.do_not_convert
@@ -538,12 +599,15 @@ class _OverlapState:
         if base.sparse_as_dense:
             grads = [tf.convert_to_tensor(g) if isinstance(g, tf.IndexedSlices) else g
                      for g in grads]
-        for g, v in zip(grads, vars):
-            if isinstance(g, tf.IndexedSlices):
-                raise ValueError(
-                    "hvd.overlap: the gradient of %s is sparse (tf.IndexedSlices); overlap posts "
-                    "dense chunks: pass sparse_as_dense=True to DistributedOptimizer" % v.name)
-        dense = [i for i, g in enumerate(grads) if g is not None]
+        if not self.legacy and any(isinstance(g, tf.IndexedSlices) for g in grads):
+            with tf.init_scope():   # every variable it updates, in one build (as Keras does)
+                self.opt.build([v for g, v in zip(grads, vars) if g is not None])
+        dense = []
+        for i, (g, v) in enumerate(zip(grads, vars)):
+            if isinstance(g, tf.IndexedSlices):   # only the rows the batch touched
+                grads[i] = self._reduce_sparse(g, v)
+            elif g is not None:
+                dense.append(i)
         if not dense:
             return grads
         d_vars, d_grads = [vars[i] for i in dense], [grads[i] for i in dense]
@@ -589,8 +653,13 @@ class _OverlapState:
         gv = list(grads_and_vars)
         reduced = _graph_state(tf.compat.v1.get_default_graph())["reduced"]
         posted = {v.ref() for p in self.pipelines.values() for v in p.variables}
+        sparse_gv = []
         for g, v in gv:
             if g is None:
+                continue
+            if isinstance(g, tf.IndexedSlices) and v.ref() in self.sparse_vars \
+                    and id(g) in reduced:
+                sparse_gv.append((g, v))
                 continue
             if id(g) not in reduced:
                 raise ValueError(
@@ -614,6 +683,9 @@ class _OverlapState:
         helper = getattr(opt, "_agg_helper", None)
         if helper is not None:
             return helper.apply_gradients(advance, opt, gv, *args, **kwargs)
+        if sparse_gv:   # in this call, before `iterations` advances (as synchronously)
+            with tf.control_dependencies(self._apply_sparse(sparse_gv)):
+                return advance()
         return advance()
 
     # -- waits before every read of a reduced variable ----------------------------------

@@ -76,6 +76,23 @@ def mlp():
     ])
 
 
+VOCAB = 50
+XE = np.random.RandomState(300 + RANK).randint(0, VOCAB, size=(STEPS * BATCH, 6)).astype("int32")
+XEV = np.random.RandomState(600 + RANK).randint(0, VOCAB, size=(48, 6)).astype("int32")
+
+
+def embedding_model():
+    """An Embedding without sparse_as_dense: its gradient is a tf.IndexedSlices of the
+    rows the batch touched (ids repeat within a batch: Keras sums duplicate rows)."""
+    tf.keras.utils.set_random_seed(7)
+    return tf.keras.Sequential([
+        tf.keras.layers.Embedding(VOCAB, 8, input_length=6),
+        tf.keras.layers.Flatten(),
+        tf.keras.layers.Dense(16, activation="relu"),
+        tf.keras.layers.Dense(4),
+    ])
+
+
 class BatchLR(tf.keras.callbacks.Callback):
     """Changes the learning rate before every batch (the step must use its own value)."""
     hvd_prio_overlap_safe = True   # touches no weights (only the learning rate)
@@ -144,10 +161,12 @@ def epoch_schedule(epoch, lr):
 
 
 def run_fit(impl, name, make_opt, raise_mode=False, nan_mode=False, validate=True,
-            lr_callbacks=True, extra_callbacks=(), **kw):
+            lr_callbacks=True, extra_callbacks=(), model_fn=None, **kw):
     mod = prio_keras if impl == "prio" else hvd_keras
     extra = {"priority": PRIO} if impl == "prio" else {}
-    model = mlp()
+    model_fn = model_fn or mlp
+    x, xv = (XE, XEV) if model_fn is embedding_model else (X, XV)
+    model = model_fn()
     if nan_mode:
         model = NanAtStep5(model.layers)
         model.scale = tf.Variable(1.0, trainable=False)
@@ -157,7 +176,7 @@ def run_fit(impl, name, make_opt, raise_mode=False, nan_mode=False, validate=Tru
     model.compile(optimizer=mod.DistributedOptimizer(make_opt(), **kw, **extra), loss=LOSS)
     if raise_mode or nan_mode:
         try:
-            model.fit(X, Y, batch_size=BATCH, epochs=1, shuffle=False, verbose=0,
+            model.fit(x, Y, batch_size=BATCH, epochs=1, shuffle=False, verbose=0,
                       callbacks=[ScaleNan() if nan_mode else Raise()])
             raise AssertionError("fit did not raise")
         except (RuntimeError, tf.errors.InvalidArgumentError) as e:
@@ -166,7 +185,7 @@ def run_fit(impl, name, make_opt, raise_mode=False, nan_mode=False, validate=Tru
             out["direct%d" % i] = v.numpy()
         if nan_mode:
             model.scale.assign(1.0)
-        model.fit(X, Y, batch_size=BATCH, epochs=1, shuffle=False, verbose=0)
+        model.fit(x, Y, batch_size=BATCH, epochs=1, shuffle=False, verbose=0)
         out.update({"w%d" % i: w for i, w in enumerate(model.get_weights())})
         return out
     ckpt = os.path.join(OUT, "%s_%s_rank%d_ckpt.h5" % (name, impl, RANK))
@@ -178,8 +197,8 @@ def run_fit(impl, name, make_opt, raise_mode=False, nan_mode=False, validate=Tru
     if lr_callbacks:   # (a LearningRateSchedule cannot be set by callbacks)
         batch_lr = BatchLR(0.5 * make_opt().get_config()["learning_rate"])
         callbacks[1:1] = [batch_lr, tf.keras.callbacks.LearningRateScheduler(epoch_schedule)]
-    hist = model.fit(X, Y, batch_size=BATCH, epochs=EPOCHS, shuffle=False, verbose=0,
-                     validation_data=(XV, YV) if validate else None, callbacks=callbacks)
+    hist = model.fit(x, Y, batch_size=BATCH, epochs=EPOCHS, shuffle=False, verbose=0,
+                     validation_data=(xv, YV) if validate else None, callbacks=callbacks)
     for i, v in enumerate(model.weights):          # no model method: fit flushed at its end
         out["end%d" % i] = v.numpy()
     if validate:   # (validation evaluates, which flushes, before the epoch-end callbacks)
@@ -188,11 +207,11 @@ def run_fit(impl, name, make_opt, raise_mode=False, nan_mode=False, validate=Tru
         out["lr"] = np.array(batch_lr.seen)
     for e, ws in reader.epochs.items():
         out.update({"epoch%d_%d" % (e, i): w for i, w in enumerate(ws)})
-    probe = mlp()
+    probe = model_fn()
     probe.load_weights(ckpt)
     out.update({"ckpt%d" % i: w for i, w in enumerate(probe.get_weights())})
-    out["eval"] = np.array(model.evaluate(XV, YV, verbose=0))
-    out["pred"] = model.predict(XV, verbose=0)
+    out["eval"] = np.array(model.evaluate(xv, YV, verbose=0))
+    out["pred"] = model.predict(xv, verbose=0)
     saved = os.path.join(OUT, "%s_%s_saved.h5" % (name, impl))
     if RANK == 0:                                   # a save on one rank only must not hang
         model.save(saved)
@@ -200,7 +219,15 @@ def run_fit(impl, name, make_opt, raise_mode=False, nan_mode=False, validate=Tru
     probe.load_weights(saved)
     out.update({"saved%d" % i: w for i, w in enumerate(probe.get_weights())})
     out.update({"w%d" % i: w for i, w in enumerate(model.get_weights())})
+    state = model.optimizer.__dict__.get("_hvdprio_overlap")
+    if state is not None:   # what crossed the barrier, and what was applied in the call
+        POSTED[name] = {"posted": sorted(v.name for p in state.pipelines.values()
+                                         for v in p.variables),
+                        "sparse": sorted(r.deref().name for r in state.sparse_vars)}
     return out
+
+
+POSTED = {}
 
 
 def run_tape(impl, name, opt_only=False):
@@ -270,6 +297,13 @@ MODES = {
     "weight_callback": lambda impl, n: run_fit(impl, n, lambda: LEGACY.SGD(0.05, momentum=0.9),
                                                lr_callbacks=False,
                                                extra_callbacks=[ShrinkKernel()]),
+    # sparse gradients (an Embedding without sparse_as_dense): rows allgathered, applied
+    # in the training call; the dense layers still cross the barrier
+    "sparse_adam": lambda impl, n: run_fit(impl, n, lambda: tf.keras.optimizers.Adam(0.01),
+                                           model_fn=embedding_model),
+    "sparse_legacy_sgd": lambda impl, n: run_fit(impl, n,
+                                                 lambda: LEGACY.SGD(0.05, momentum=0.9),
+                                                 model_fn=embedding_model),
     "raise": lambda impl, n: run_fit(impl, n, lambda: LEGACY.SGD(0.05, momentum=0.9),
                                      raise_mode=True),
     "nan_step": lambda impl, n: run_fit(impl, n, lambda: tf.keras.optimizers.Adam(0.01),
@@ -293,6 +327,8 @@ if __name__ == "__main__":
                                                       "abandoned", "cancelled")}
             info["inflight_bytes"] = after["inflight_bytes"]
             info["overlap"] = {k: v for k, v in overlapped.stats().items() if k not in channels}
+            if impl == "prio":
+                info.update(POSTED.pop(mode, {}))
             with open(os.path.join(OUT, "%s_%s_rank%d.json" % (mode, impl, RANK)), "w") as f:
                 json.dump(info, f)
     print("rank %d done" % RANK, flush=True)
