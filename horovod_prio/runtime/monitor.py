@@ -23,6 +23,7 @@ A step clock (duck-typed, see ``horovod_prio.tensorflow.ops.StepClock``) has
 seconds), ``wake()`` and, optionally, ``steps_begun() -> int`` (steps begun
 so far in the process; the arbiter link tags requests with it).
 """
+import collections
 import logging
 import time
 
@@ -49,6 +50,14 @@ class Monitor:
         self.steps = 0
         self.policy = config.make_policy(num_groups) if rank == 0 else None
         self._last_boost = 0
+        # what the end-of-fit summary and TensorBoard show (bounded: a long job keeps
+        # its totals and the most recent steps/events)
+        self.total_seconds = 0.0
+        self.min_seconds = None
+        self.max_seconds = None
+        self.recent = collections.deque(maxlen=100000)   # (step, seconds, boost)
+        self.events = collections.deque(maxlen=10000)    # (step, kind, boost)
+        self.raises = self.decays = 0
         if self.policy is not None:
             self.policy.add_listener(self._on_event)
             self.policy.before_batch()  # the patent's check before the first batch
@@ -72,6 +81,12 @@ class Monitor:
             if self.policy is not None:
                 self.policy.after_batch(seconds)
                 self.policy.before_batch()
+            self.total_seconds += seconds
+            self.min_seconds = seconds if self.min_seconds is None else min(self.min_seconds,
+                                                                            seconds)
+            self.max_seconds = seconds if self.max_seconds is None else max(self.max_seconds,
+                                                                            seconds)
+            self.recent.append((self.steps, seconds, self._last_boost))
             self.steps += 1
         if self.policy is not None:
             self.clock.set_priorities(self.slot, self.policy.priorities)
@@ -85,6 +100,10 @@ class Monitor:
         # INFO for what changes the priorities (a raise, a decay that lowered the
         # boost); the rest (warm-up, calibration, new min, within, no-op decay) at DEBUG.
         changed = ev.boost != self._last_boost
+        if changed:
+            self.raises += ev.boost > self._last_boost
+            self.decays += ev.boost < self._last_boost
+            self.events.append((self.steps, ev.kind, ev.boost))
         self._last_boost = ev.boost
         log.log(logging.INFO if changed or ev.kind == "slow" else logging.DEBUG,
                 "horovod_prio: %s batch %d %s: time %s min %s threshold %s count %d boost %d "
