@@ -11,7 +11,7 @@ How it works (details in docs/overlap.md):
 
 * **Training call** (one tf.function call of the step). The optimizer's
   gradient allreduce is replaced: every chunk of the priority plan
-  (:func:`horovod_prio.method.plan.make_plan`, same names as the synchronous
+  (:func:`horovod_prio.method.plan.step_plan`, same names as the synchronous
   path) is compressed and *posted* (``HvdPrioOverlapPost``) into a
   process-wide mailbox (a *channel*, C++ ``kernels/overlap.cc``) together
   with what the update needs from this call: the optimizer's ``iterations``,
@@ -44,11 +44,10 @@ import tensorflow as tf
 import horovod.tensorflow as _hvd
 from tensorflow.python.framework.func_graph import FuncGraph
 
-from horovod_prio.method.plan import TensorSpec, make_plan
 from horovod_prio.runtime import get_runtime
 from horovod_prio.runtime.overlap import OverlapWorker, trace_events
 from horovod_prio.tensorflow import ops
-from horovod_prio.tensorflow.fusion import PriorityAllreduce, _identity_key, layer_tasks
+from horovod_prio.tensorflow.fusion import PriorityAllreduce, _identity_key, plan_step
 
 __all__ = ["overlap", "flush", "OverlapError", "Channel", "channels", "stats"]
 
@@ -357,20 +356,15 @@ class _Pipeline:
             if not s.is_fully_defined():
                 raise ValueError("hvd.overlap: gradient of %s has no static shape %s" % (v.name, s))
         self.ctxs = ctxs
-        self.tasks = layer_tasks(self.variables)
-        groups = base.config.make_groups(len(self.tasks))
         key = ("overlap",) + _identity_key(self.variables, grads)
-        specs = [TensorSpec(int(f.shape[0]), f.dtype.name, f.dtype.size) for f in flats]
-        partition = base.config.partition_bytes_for(sum(t.nelems * t.itemsize for t in specs))
-        self.name, self.monitor = runtime.identity(base.name, key, base.config, len(groups),
+        step = plan_step(self.variables, flats, base.config, overlap=True)
+        self.tasks = step.tasks
+        self.name, self.monitor = runtime.identity(base.name, key, base.config, len(step.groups),
                                                    ops.StepClock.get(),
-                                                   partition_bytes=partition)
-        self.num_groups = len(groups)
-        cfg = base.config
-        split = cfg.splits_tensors(cfg.overlap_credit_bytes(partition), cfg.arbiter is not None)
-        self.plan = make_plan(specs, self.tasks, groups, partition, prefix=self.name,
-                              split_tensors=split)
-        runtime.use_overlap_credit(base.config, partition)
+                                                   partition_bytes=step.partition_bytes)
+        self.num_groups = len(step.groups)
+        self.plan = step.plan(self.name)
+        runtime.use_overlap_credit(step.credit_bytes)
         self.hypers = _hyper_variables(opt, state.legacy)
         # slots: iterations, priorities, hyperparameters, then the chunks
         self.meta = [("iterations", tf.int64, []), ("priorities", tf.int32, [self.num_groups])]
