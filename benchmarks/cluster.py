@@ -55,7 +55,6 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from horovod_prio.method import units
-from horovod_prio.arbiter.cli import class_reserve_arg
 from horovod_prio.sim.scenarios import recovery_steps
 
 from .models import HARNESS_MODELS
@@ -235,7 +234,7 @@ def build_parser():
     p.add_argument("--arbiter-credit", type=_size, default="8MiB",
                    help="arbiter --credit-bytes (default 8MiB, one job's local credit)")
     p.add_argument("--arbiter-order", choices=["burst", "chunk"], default="burst")
-    p.add_argument("--arbiter-class-reserve", type=class_reserve_arg, default=0.0, metavar="F",
+    p.add_argument("--arbiter-class-reserve", type=units.arg(units.parse_class_reserve), default=0.0, metavar="F",
                    help="arbiter --class-reserve (default 0 = off, its default)")
     p.add_argument("--starvation-bound", type=int, default=8)
     p.add_argument("--subnet", default="10.77.0.0/16",
@@ -486,7 +485,7 @@ def uplink_usage(rec: dict, lo: float, hi: float) -> dict | None:
     samples = rec.get("uplink_samples") or []
     if hi - lo < 0.3 or len(samples) < 2:
         return None
-    rate = netns.parse_rate(rec["rate"])
+    rate = units.parse_rate_bits_per_s(rec["rate"])
     out = {}
     tot = 0.0
     for d in ("AB", "BA"):
@@ -588,7 +587,7 @@ def run_stats(rec: dict) -> dict:
     meta = (jobs[0].get("meta") or {}) if jobs else {}
     gb = meta.get("grad_bytes")
     # ring allreduce of 2 ranks: each rank sends S, i.e. S per direction of the uplink
-    out["floor"] = (len(jobs) * gb * 8 / netns.parse_rate(rec["rate"])) if gb else None
+    out["floor"] = (len(jobs) * gb * 8 / units.parse_rate_bits_per_s(rec["rate"])) if gb else None
     return out
 
 
@@ -845,7 +844,7 @@ def plot(results: dict, out: Path) -> list[Path]:
     for ax, r in zip(axes[:, 0], runs):
         t0 = r.get("t_go") or 0
         samples = r.get("uplink_samples") or []
-        rate = netns.parse_rate(r["rate"]) / 8
+        rate = units.parse_rate_bytes_per_s(r["rate"])
         xs = None
         stack = []
         for i, j in enumerate(r["jobs"]):

@@ -18,7 +18,7 @@ import statistics
 import sys
 from pathlib import Path
 
-from .netns import parse_rate
+from horovod_prio.method.units import parse_rate_bits_per_s
 
 SHORT = {"horovod": "hvd", "prio": "prio"}
 
@@ -93,7 +93,7 @@ def _link_util(run: dict, lo: float, hi: float) -> float | None:
     lo, hi = max(lo, samples[0][0]), min(hi, samples[-1][0])
     if hi - lo < 0.5:
         return None
-    return (at(hi) - at(lo)) * 8 / (parse_rate(run["rate"]) * (hi - lo))
+    return (at(hi) - at(lo)) * 8 / (parse_rate_bits_per_s(run["rate"]) * (hi - lo))
 
 
 def run_stats(run: dict) -> dict:
@@ -126,7 +126,7 @@ def run_stats(run: dict) -> dict:
         meta = jobs[0].get("meta", {})
         gb, size = meta.get("grad_bytes"), meta.get("size", 2)
         # ring allreduce on one shared lo: every rank sends 2(N-1)/N*S -> 2(N-1)*S per job
-        out["floor"] = (2 * (size - 1) * gb * 8 * len(jobs) / parse_rate(run["rate"])) if gb else None
+        out["floor"] = (2 * (size - 1) * gb * 8 * len(jobs) / parse_rate_bits_per_s(run["rate"])) if gb else None
     return out
 
 
@@ -366,7 +366,7 @@ def plot_sweep(results: dict, path: Path) -> Path | None:
     import matplotlib.pyplot as plt
     fig, ax = plt.subplots(figsize=(6, 3.4), dpi=80)
     keys = sorted({(r["scenario"], "+".join(r["config"]), r["rate"]) for r in rows},
-                  key=lambda k: (k[0], k[1], parse_rate(k[2])))
+                  key=lambda k: (k[0], k[1], parse_rate_bits_per_s(k[2])))
     for scen, cfg, rate in keys:
         rr = sorted([r for r in rows if (r["scenario"], "+".join(r["config"]), r["rate"])
                      == (scen, cfg, rate)], key=lambda r: r["batch"])

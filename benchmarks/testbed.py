@@ -65,8 +65,10 @@ import weakref
 from dataclasses import dataclass
 from pathlib import Path
 
-from .netns import (HarnessError, kill_namespace_processes, list_namespaces, parse_rate,
-                    parse_time, require_root, require_tools, run_cmd, stop_process_groups)
+from horovod_prio.method import units
+
+from .netns import (HarnessError, check_shaping, kill_namespace_processes, list_namespaces,
+                    require_root, require_tools, run_cmd, stop_process_groups)
 
 PREFIX = "hprio-tb-"
 ETC_NETNS = Path("/etc/netns")
@@ -119,7 +121,7 @@ class Topology:
         return {"AB": self.uplink[0], "BA": self.uplink[1]}[direction]
 
     def rate_bps(self) -> float:
-        return parse_rate(self.rate)
+        return units.parse_rate_bits_per_s(self.rate)
 
     def hosts_file(self) -> str:
         lines = ["127.0.0.1\tlocalhost", "::1\tlocalhost ip6-localhost ip6-loopback"]
@@ -212,10 +214,7 @@ def plan_topology(rack_a: list[str], rack_b: list[str], *, rate: str = "1gbit",
     Addresses: rack A hosts ``x.y.1.1, .2, ...`` (the extra hosts first), rack B
     ``x.y.2.1, ...`` of ``subnet`` (a /16 or larger, private). ``cpus``: host
     name -> taskset CPU list for what the shim runs on that host."""
-    parse_rate(rate)
-    parse_time(latency, "latency")
-    if not re.match(r"^\d+(\.\d+)?(b|kb|k|mb|m|gb|g|kbit|mbit|gbit)?$", str(burst), re.I):
-        raise ValueError(f"invalid burst {burst!r}: expected e.g. 1mb, 256kb")
+    check_shaping(rate, burst, latency)
     try:
         net = ipaddress.ip_network(subnet)
     except ValueError:
