@@ -26,6 +26,7 @@ import atexit
 import logging
 import threading
 
+from horovod_prio.method.config import PROCESS_FIELDS  # declared with the fields
 from horovod_prio.runtime.autotune import CreditTuner, credit_candidates
 from horovod_prio.runtime.monitor import Monitor
 from horovod_prio.runtime.trace import ChunkTracer, TraceWriter, trace_path_for_rank
@@ -34,9 +35,6 @@ __all__ = ["Runtime", "get_runtime", "PROCESS_FIELDS"]
 
 log = logging.getLogger("horovod_prio")
 
-#: PriorityConfig fields that exist once per process.
-PROCESS_FIELDS = ("credit_bytes", "autotune", "trace_path", "arbiter", "link", "job_id",
-                  "arbiter_secret", "arbiter_secret_file", "arbiter_timeout", "job_priority")
 
 
 class Runtime:
