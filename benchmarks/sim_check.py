@@ -63,7 +63,7 @@ from horovod_prio.method import units
 from horovod_prio.sim.engine import JobSpec, LinkConfig, simulate
 from horovod_prio.sim.profiles import Profile, load_profile
 
-from . import cluster, report
+from . import report
 from .harness import git_rev
 
 _MODE = {"hvd": "fifo", "prio": "priority", "spec": None}
@@ -80,7 +80,7 @@ def _measured(results: dict) -> dict:
     """variant -> per job medians (while shared, and alone), medians over repeats."""
     out = {}
     for v in results["meta"].get("variants") or []:
-        stats = [cluster.run_stats(r) for r in results["runs"]
+        stats = [report.cluster_run_stats(r) for r in results["runs"]
                  if r.get("variant") == v and r.get("status") == "ok"]
         if not stats:
             continue
