@@ -31,7 +31,25 @@ PREFIX = "hprio-bench-"
 
 
 _counter = itertools.count()
-_live_links: "weakref.WeakSet[ShapedLink]" = weakref.WeakSet()
+
+
+def cleaned_up_at_exit() -> weakref.WeakSet:
+    """A weak set of live objects whose ``cleanup()`` (idempotent) runs at
+    interpreter exit, each once, an error in one not stopping the others:
+    the shaped links here, the testbeds in :mod:`benchmarks.testbed`."""
+    live: weakref.WeakSet = weakref.WeakSet()
+
+    @atexit.register
+    def _cleanup_all() -> None:
+        for obj in list(live):
+            try:
+                obj.cleanup()
+            except Exception:
+                pass
+    return live
+
+
+_live_links: "weakref.WeakSet[ShapedLink]" = cleaned_up_at_exit()
 
 
 class HarnessError(RuntimeError):
@@ -96,6 +114,14 @@ def _pid_alive(pid: int) -> bool:
     return True
 
 
+def owned_by_another_live_process(name: str, prefix: str = PREFIX) -> bool:
+    """Whether ``name`` (``<prefix><pid>-...``: a namespace or its /etc/netns
+    dir) belongs to a live process other than this one (a concurrent
+    benchmark): stale clean-ups leave it alone."""
+    m = re.match(re.escape(prefix) + r"(\d+)-", name)
+    return bool(m) and int(m.group(1)) != os.getpid() and _pid_alive(int(m.group(1)))
+
+
 def kill_namespace_processes(name: str, grace: float = 2.0) -> int:
     """SIGTERM, then SIGKILL, every process inside namespace ``name``."""
     pids = namespace_pids(name)
@@ -125,10 +151,9 @@ def cleanup_stale(prefix: str = PREFIX) -> list[str]:
     """Delete namespaces with our prefix whose creating process is gone."""
     removed = []
     for name in list_namespaces(prefix):
-        m = re.match(re.escape(prefix) + r"(\d+)-", name)
-        if m and _pid_alive(int(m.group(1))) and int(m.group(1)) != os.getpid():
+        if owned_by_another_live_process(name, prefix):
             continue  # a concurrent, live benchmark owns it
-        if m and int(m.group(1)) == os.getpid() and any(l.name == name for l in _live_links):
+        if any(l.name == name for l in _live_links):
             continue
         delete_namespace(name)
         removed.append(name)
@@ -260,15 +285,6 @@ class ShapedLink:
                 run_cmd(["ip", "netns", "del", self.name], check=False)
                 self._created = False
             _live_links.discard(self)
-
-
-@atexit.register
-def _cleanup_all() -> None:
-    for link in list(_live_links):
-        try:
-            link.cleanup()
-        except Exception:
-            pass
 
 
 def install_signal_handlers() -> None:

@@ -47,7 +47,6 @@ veth and bridge, all of which live in them) and removes the
 """
 from __future__ import annotations
 
-import atexit
 import ipaddress
 import itertools
 import json
@@ -67,15 +66,16 @@ from pathlib import Path
 
 from horovod_prio.method import units
 
-from .netns import (HarnessError, check_shaping, kill_namespace_processes, list_namespaces,
-                    require_root, require_tools, run_cmd, stop_process_groups)
+from .netns import (HarnessError, check_shaping, cleaned_up_at_exit, kill_namespace_processes,
+                    list_namespaces, owned_by_another_live_process, require_root,
+                    require_tools, run_cmd, stop_process_groups)
 
 PREFIX = "hprio-tb-"
 ETC_NETNS = Path("/etc/netns")
 LOGIN_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 _HOST_RE = re.compile(r"^[a-z][a-z0-9-]{0,14}$")
 _counter = itertools.count()
-_live: "weakref.WeakSet[Testbed]" = weakref.WeakSet()
+_live: "weakref.WeakSet[Testbed]" = cleaned_up_at_exit()
 
 
 # ---------------------------------------------------------------- topology (pure)
@@ -267,25 +267,13 @@ def host_command(host: Host, argv: list[str], cpus: str | None = None) -> list[s
 
 
 # ---------------------------------------------------------------- live testbed
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
 def cleanup_stale(prefix: str = PREFIX) -> list[str]:
     """Delete testbed namespaces (and their /etc/netns dirs) whose creating
     process (the pid in ``<prefix><pid>-<n>-<host>``) is gone."""
     removed = []
     live_ns = {ns for tb in list(_live) for ns in tb.topology.namespaces()}
     for name in list_namespaces(prefix):
-        m = re.match(re.escape(prefix) + r"(\d+)-", name)
-        if name in live_ns or (m and int(m.group(1)) != os.getpid()
-                               and _pid_alive(int(m.group(1)))):
+        if name in live_ns or owned_by_another_live_process(name, prefix):
             continue
         kill_namespace_processes(name, grace=1.0)
         run_cmd(["ip", "netns", "del", name], check=False)
@@ -293,9 +281,7 @@ def cleanup_stale(prefix: str = PREFIX) -> list[str]:
         removed.append(name)
     if ETC_NETNS.is_dir():          # /etc/netns dirs whose namespace is already gone
         for d in ETC_NETNS.glob(f"{prefix}*"):
-            m = re.match(re.escape(prefix) + r"(\d+)-", d.name)
-            if d.name in live_ns or (m and _pid_alive(int(m.group(1)))
-                                     and int(m.group(1)) != os.getpid()):
+            if d.name in live_ns or owned_by_another_live_process(d.name, prefix):
                 continue
             if d.name not in list_namespaces(prefix):
                 shutil.rmtree(d, ignore_errors=True)
@@ -499,15 +485,6 @@ class Testbed:
                 shutil.rmtree(self.shim_dir, ignore_errors=True)
             self._created = []
             _live.discard(self)
-
-
-@atexit.register
-def _cleanup_all() -> None:
-    for tb in list(_live):
-        try:
-            tb.cleanup()
-        except Exception:
-            pass
 
 
 # ---------------------------------------------------------------- counter parsing
