@@ -67,6 +67,8 @@ class Runtime:
         # barrier crossing (runtime/overlap.py): background workers, extra trace events
         self._overlap_workers = []
         self._event_sources = []
+        self.overlap_states = []      # the binding's hvd.overlap optimizers (hvd.flush())
+        self._said = set()            # first_time()
 
     # ------------------------------------------------------------------ set-up
     def setup(self, config, rank, size, owner="an optimizer"):
@@ -202,6 +204,21 @@ class Runtime:
                 raise RuntimeError("horovod_prio runtime is shut down (interpreter exit)")
             self._overlap_workers.append(worker)
         worker.start()
+
+    def add_overlap_state(self, state):
+        """Keep an optimizer's ``hvd.overlap`` state (the binding's object) for
+        the process-wide ``hvd.flush()``."""
+        with self._lock:
+            self.overlap_states.append(state)
+
+    def first_time(self, key):
+        """True the first time ``key`` is asked about in this process: for
+        what is said once per process (a warning per callback class, ...)."""
+        with self._lock:
+            if key in self._said:
+                return False
+            self._said.add(key)
+            return True
 
     def add_event_source(self, drain):
         """``drain()`` returns Chrome-trace events to write; called by :meth:`pump`."""

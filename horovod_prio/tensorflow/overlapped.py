@@ -56,7 +56,6 @@ log = logging.getLogger("horovod_prio")
 _lock = threading.RLock()
 _lib = None
 _tf_ops = None
-_states = []           # every _OverlapState of the process (flush())
 _event_source = [False]
 
 EAGER_MSG = (
@@ -262,7 +261,8 @@ def _graph_chain():
 
 # FuncGraph -> what overlap added to it: names of its wait ops by (channel, task), the
 # channels that began a step in it, ids of the gradients the optimizer reduced in it.
-# (Values hold no reference to the graph, so an entry goes with its graph.)
+# (Values hold no reference to the graph, so an entry goes with its graph.) Not the
+# runtime's: the graph substitution's bookkeeping, per TF graph, gone with it.
 _graph_states = weakref.WeakKeyDictionary()
 
 
@@ -699,97 +699,13 @@ def _attach(opt):
         object.__setattr__(opt, "_allreduce", st.recording_allreduce)
         object.__setattr__(opt, "_hvdprio_overlap", st)
         base.overlap_attached = True
-        _states.append(st)
+        get_runtime().add_overlap_state(st)
     return st
 
 
 # --------------------------------------------------------------------------- Keras model
 _FLUSH_FIRST = ("evaluate", "predict", "predict_on_batch", "test_on_batch", "save",
                 "save_weights", "load_weights", "get_weights", "set_weights")
-
-
-def _safe_callback_classes():
-    names = ("History", "ProgbarLogger", "BaseLogger", "TerminateOnNaN", "CSVLogger",
-             "TensorBoard", "LearningRateScheduler", "ReduceLROnPlateau", "EarlyStopping",
-             "ModelCheckpoint", "RemoteMonitor")
-    safe = _classes(tf.keras.callbacks, names)
-    try:
-        from horovod._keras import callbacks as hk
-        safe += _classes(hk, ("MetricAverageCallbackImpl", "LearningRateScheduleCallbackImpl"))
-    except ImportError:  # pragma: no cover
-        pass
-    return safe
-
-
-def _broadcast_class():
-    try:
-        from horovod._keras.callbacks import BroadcastGlobalVariablesCallbackImpl
-        return BroadcastGlobalVariablesCallbackImpl
-    except ImportError:  # pragma: no cover
-        return ()
-
-
-_BATCH_HOOKS = ("on_train_batch_begin", "on_train_batch_end", "on_batch_begin", "on_batch_end")
-_warned_callbacks = set()
-
-
-def _is_default(method):
-    return bool(getattr(method, "_is_default", False))
-
-
-def _guard_callbacks(callbacks, do_flush):
-    """Make batch-level callbacks that may touch weights flush first. Returns an
-    undo function (the callbacks are the user's objects)."""
-    undo = []
-    safe, bcast = _safe_callback_classes(), _broadcast_class()
-    for cb in callbacks:
-        if getattr(cb, "hvd_prio_overlap_safe", False) or isinstance(cb, safe) \
-                or isinstance(cb, _FlushAtEpochEnd):
-            continue
-        hooks = [h for h in _BATCH_HOOKS if hasattr(cb, h) and not _is_default(getattr(cb, h))]
-        if bcast and isinstance(cb, bcast):
-            hooks = ["on_batch_end"]
-            cond = lambda cb=cb: not cb.broadcast_done  # noqa: E731 - flush before its broadcast
-        else:
-            cond = lambda: True  # noqa: E731
-            if hooks and type(cb) not in _warned_callbacks:
-                _warned_callbacks.add(type(cb))
-                log.info("horovod_prio: overlap: callback %s has batch hooks that may read or write "
-                         "weights, so pending updates are flushed before each of them (set "
-                         "`hvd_prio_overlap_safe = True` on it if it touches no weights)",
-                         type(cb).__name__)
-        for h in hooks:
-            orig = getattr(cb, h)
-
-            def hook(*args, _orig=orig, _cond=cond, **kwargs):
-                if _cond():
-                    do_flush()
-                return _orig(*args, **kwargs)
-
-            had = h in cb.__dict__
-            old = cb.__dict__.get(h)
-            cb.__dict__[h] = hook
-            undo.append((cb, h, had, old))
-
-    def restore():
-        for cb, h, had, old in reversed(undo):
-            if had:
-                cb.__dict__[h] = old
-            else:
-                cb.__dict__.pop(h, None)
-    return restore
-
-
-class _FlushAtEpochEnd(tf.keras.callbacks.Callback):
-    """First callback of an overlapped fit: pending updates are applied before
-    any other callback sees the epoch's end."""
-
-    def __init__(self, do_flush):
-        super().__init__()
-        self._do_flush = do_flush
-
-    def on_epoch_end(self, epoch, logs=None):
-        self._do_flush()
 
 
 class _ModelHooks:
@@ -903,8 +819,10 @@ class _ModelHooks:
                 cb_list = cbs.callbacks
             else:
                 cb_list = [cbs]
-            restore = _guard_callbacks(cb_list, self.flush)
-            first = _FlushAtEpochEnd(self.flush)
+            # (imported here: the keras package imports this module)
+            from horovod_prio.tensorflow.keras.callbacks import FlushAtEpochEnd, guard_callbacks
+            restore = guard_callbacks(cb_list, self.flush)
+            first = FlushAtEpochEnd(self.flush)
             if hasattr(cbs, "callbacks") and not isinstance(cbs, (list, tuple)):
                 cbs.callbacks.insert(0, first)
                 first.set_model(self.model)
@@ -961,16 +879,13 @@ def overlap(model, optimizer=None):
     return model
 
 
-_warned_threads = [False]
-
-
 def _warn_one_inter_op_thread():
     """With one TF inter-op thread the background update of step k can only run
     when the training call of step k+1 leaves the thread: the math is the same,
     the overlap is gone. Said once per process (TF's default, 0, picks per core)."""
-    if _warned_threads[0] or tf.config.threading.get_inter_op_parallelism_threads() != 1:
+    if tf.config.threading.get_inter_op_parallelism_threads() != 1 \
+            or not get_runtime().first_time("overlap with one inter-op thread"):
         return
-    _warned_threads[0] = True
     log.warning("horovod_prio: hvd.overlap with 1 TensorFlow inter-op thread: the background "
                 "update cannot run beside the training call, so steps do not overlap (same "
                 "math); set tf.config.threading.set_inter_op_parallelism_threads(2) or more")
@@ -982,7 +897,7 @@ def flush(target=None, timeout=None):
     wait, no collective. Raises :class:`OverlapError` if a step failed, and
     ``TimeoutError`` after ``timeout`` seconds."""
     if target is None:
-        states = list(_states)
+        states = list(get_runtime().overlap_states)
     elif isinstance(target, tf.keras.Model):
         hooks = target.__dict__.get("_hvdprio_overlap_hooks")
         states = hooks.states() if hooks is not None else []
@@ -995,7 +910,8 @@ def flush(target=None, timeout=None):
 
 def channels():
     """The overlap channels of this process (for tests and tools)."""
-    return [p.channel for st in list(_states) for p in list(st.pipelines.values())]
+    return [p.channel for st in list(get_runtime().overlap_states)
+            for p in list(st.pipelines.values())]
 
 
 def stats():

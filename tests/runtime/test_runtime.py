@@ -280,3 +280,16 @@ def test_the_thread_feeds_steps_and_the_trace_is_flushed(tmp_path):
         assert f.read().rstrip().endswith("]")   # closed at shutdown
     with pytest.raises(RuntimeError, match="shut down"):
         rt.setup(cfg(), 0, 2)
+
+
+def test_first_time_is_once_per_key_and_process_and_overlap_states_are_kept():
+    """What the binding says once per process (a warning per callback class, one
+    inter-op thread) and the hvd.overlap optimizers hvd.flush() reaches live in
+    the runtime, not in module globals."""
+    rt = runtime()
+    assert rt.first_time(("callback", int)) and not rt.first_time(("callback", int))
+    assert rt.first_time(("callback", str)) and runtime().first_time(("callback", int))
+    a, b = object(), object()
+    rt.add_overlap_state(a)
+    rt.add_overlap_state(b)
+    assert rt.overlap_states == [a, b] and runtime().overlap_states == []
