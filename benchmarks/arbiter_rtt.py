@@ -356,16 +356,6 @@ def host_load(before, after, own_cpu_seconds):
             "seconds": round(wall, 2)}
 
 
-def _proc_cpu_seconds(pid):
-    """utime + stime of a process (Linux /proc), or None."""
-    try:
-        with open("/proc/%d/stat" % pid) as f:
-            fields = f.read().rpartition(")")[2].split()
-        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-    except (OSError, ValueError, IndexError):
-        return None
-
-
 # ---------------------------------------------------------------- servers
 
 SERVERS = ("python", "native", "echo", "native-echo", "grpc")

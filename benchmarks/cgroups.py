@@ -55,7 +55,9 @@ from pathlib import Path
 
 from horovod_prio.method import units
 
-from .netns import HarnessError, parse_time, require_root
+from horovod_prio.method.units import parse_duration_s
+
+from .netns import HarnessError, require_root
 
 PREFIX = "hprio-cg-"
 CGROUP_ROOT = Path("/sys/fs/cgroup")
@@ -134,10 +136,7 @@ def limits_from(kind: str, overrides: dict[str, str] | None = None,
             vals["cpu"] = units.check(field, units.parse_float, text, 0.0, strict=True,
                                       unit=" (cores)")
         elif key == "period":
-            try:
-                vals["period_us"] = round(parse_time(text, field) * 1e6)
-            except ValueError as e:
-                raise ValueError(str(e)) from None
+            vals["period_us"] = round(units.check(field, parse_duration_s, text, True) * 1e6)
         elif key == "weight":
             vals["weight"] = units.check(field, units.parse_int, text, 1, 10000)
         elif key == "cpuset":

@@ -51,7 +51,7 @@ positive_int = units.arg(units.parse_int, 1)
 
 def rate_arg(s):
     try:
-        netns.parse_rate(s)
+        units.check("rate", units.parse_rate_bits_per_s, s)
     except ValueError as e:
         raise argparse.ArgumentTypeError(str(e))
     return s.lower()

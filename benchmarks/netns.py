@@ -25,43 +25,45 @@ import subprocess
 import time
 import weakref
 
+from horovod_prio.method import units
+
 PREFIX = "hprio-bench-"
 
-_RATE_RE = re.compile(r"^\d+(\.\d+)?(bit|kbit|mbit|gbit|tbit|bps|kbps|mbps|gbps|tbps)$", re.I)
-_TIME_RE = re.compile(r"^\d+(\.\d+)?(us|ms|s)$")
-_SIZE_RE = re.compile(r"^\d+(\.\d+)?(b|kb|k|mb|m|gb|g|kbit|mbit|gbit)?$", re.I)
-_UNITS_BIT = {"bit": 1, "kbit": 1e3, "mbit": 1e6, "gbit": 1e9, "tbit": 1e12,
-              "bps": 8, "kbps": 8e3, "mbps": 8e6, "gbps": 8e9, "tbps": 8e12}
 
 _counter = itertools.count()
-_live_links: "weakref.WeakSet[ShapedLink]" = weakref.WeakSet()
+
+
+def cleaned_up_at_exit() -> weakref.WeakSet:
+    """A weak set of live objects whose ``cleanup()`` (idempotent) runs at
+    interpreter exit, each once, an error in one not stopping the others:
+    the shaped links here, the testbeds in :mod:`benchmarks.testbed`."""
+    live: weakref.WeakSet = weakref.WeakSet()
+
+    @atexit.register
+    def _cleanup_all() -> None:
+        for obj in list(live):
+            try:
+                obj.cleanup()
+            except Exception:
+                pass
+    return live
+
+
+_live_links: "weakref.WeakSet[ShapedLink]" = cleaned_up_at_exit()
 
 
 class HarnessError(RuntimeError):
     """A benchmark precondition failed (root, tools, bad value)."""
 
 
-def parse_rate(value: str) -> float:
-    """tc rate string -> bits per second. ``ValueError`` names the problem."""
-    v = str(value).strip()
-    m = _RATE_RE.match(v)
-    if not m:
-        raise ValueError(f"invalid rate {value!r}: expected a tc rate such as "
-                         "100mbit, 1gbit, 2.5gbit")
-    num = float(v[: m.start(2)])
-    if num <= 0:
-        raise ValueError(f"invalid rate {value!r}: must be > 0")
-    return num * _UNITS_BIT[m.group(2).lower()]
-
-
-def parse_time(value: str, what: str = "time") -> float:
-    """tc time string (``5ms``, ``200us``, ``1s``) -> seconds."""
-    v = str(value).strip()
-    m = _TIME_RE.match(v)
-    if not m:
-        raise ValueError(f"invalid {what} {value!r}: expected e.g. 1ms, 200us, 0.5s")
-    num = float(v[: m.start(2)])
-    return num * {"us": 1e-6, "ms": 1e-3, "s": 1.0}[m.group(2)]
+def check_shaping(rate, burst, latency, delay=None) -> None:
+    """``ValueError`` naming the first of a tbf (+netem) link's values that
+    ``tc`` would not read (:mod:`horovod_prio.method.units`, ``tc`` forms)."""
+    units.check("rate", units.parse_rate_bits_per_s, rate)
+    units.check("burst", units.parse_burst_bytes, burst)
+    units.check("latency", units.parse_duration_s, latency, tc=True)
+    if delay is not None:
+        units.check("delay", units.parse_duration_s, delay, tc=True)
 
 
 def require_root() -> None:
@@ -112,6 +114,14 @@ def _pid_alive(pid: int) -> bool:
     return True
 
 
+def owned_by_another_live_process(name: str, prefix: str = PREFIX) -> bool:
+    """Whether ``name`` (``<prefix><pid>-...``: a namespace or its /etc/netns
+    dir) belongs to a live process other than this one (a concurrent
+    benchmark): stale clean-ups leave it alone."""
+    m = re.match(re.escape(prefix) + r"(\d+)-", name)
+    return bool(m) and int(m.group(1)) != os.getpid() and _pid_alive(int(m.group(1)))
+
+
 def kill_namespace_processes(name: str, grace: float = 2.0) -> int:
     """SIGTERM, then SIGKILL, every process inside namespace ``name``."""
     pids = namespace_pids(name)
@@ -141,10 +151,9 @@ def cleanup_stale(prefix: str = PREFIX) -> list[str]:
     """Delete namespaces with our prefix whose creating process is gone."""
     removed = []
     for name in list_namespaces(prefix):
-        m = re.match(re.escape(prefix) + r"(\d+)-", name)
-        if m and _pid_alive(int(m.group(1))) and int(m.group(1)) != os.getpid():
+        if owned_by_another_live_process(name, prefix):
             continue  # a concurrent, live benchmark owns it
-        if m and int(m.group(1)) == os.getpid() and any(l.name == name for l in _live_links):
+        if any(l.name == name for l in _live_links):
             continue
         delete_namespace(name)
         removed.append(name)
@@ -192,14 +201,9 @@ class ShapedLink:
 
     def __init__(self, rate: str = "1gbit", delay: str | None = None,
                  burst: str = "1mb", latency: str = "50ms", name: str | None = None):
-        parse_rate(rate)
-        if delay not in (None, "", "0", "0ms"):
-            parse_time(delay, "delay")
-        else:
+        if delay in (None, "", "0", "0ms"):
             delay = None
-        parse_time(latency, "latency")
-        if not _SIZE_RE.match(str(burst)):
-            raise ValueError(f"invalid burst {burst!r}: expected e.g. 1mb, 256kb")
+        check_shaping(rate, burst, latency, delay)
         self.rate, self.delay, self.burst, self.latency = rate, delay, burst, latency
         self.name = name or f"{PREFIX}{os.getpid()}-{next(_counter)}"
         if not self.name.startswith(PREFIX):
@@ -281,15 +285,6 @@ class ShapedLink:
                 run_cmd(["ip", "netns", "del", self.name], check=False)
                 self._created = False
             _live_links.discard(self)
-
-
-@atexit.register
-def _cleanup_all() -> None:
-    for link in list(_live_links):
-        try:
-            link.cleanup()
-        except Exception:
-            pass
 
 
 def install_signal_handlers() -> None:

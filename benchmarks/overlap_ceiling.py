@@ -29,7 +29,6 @@ from typing import List, Optional
 
 from horovod_prio.method import units
 from horovod_prio.method.config import PriorityConfig
-from horovod_prio.sim.cli import parse_rate
 from horovod_prio.sim.engine import TOPOLOGIES, JobSpec, LinkConfig, comm_floor, simulate
 from horovod_prio.sim.profiles import BUILTIN, Profile, get_profile
 
@@ -165,7 +164,8 @@ def main(argv=None) -> int:
     p.add_argument("--profile", required=True,
                    help="profile JSON (benchmarks.profile_model) or a built-in model: "
                         + ", ".join(BUILTIN))
-    p.add_argument("--rate", required=True, type=parse_rate, help="link rate, e.g. 300mbit")
+    p.add_argument("--rate", required=True, type=units.arg(units.parse_rate_bytes_per_s),
+                   help="link rate, e.g. 300mbit")
     p.add_argument("--workers", type=units.arg(units.parse_int, 2), default=2)
     p.add_argument("--topology", choices=TOPOLOGIES, default="bus",
                    help="bus: every rank crosses the link (the harness's shaped lo; default)")
@@ -197,7 +197,7 @@ def main(argv=None) -> int:
         prof = get_profile(a.profile)
     except (OSError, ValueError) as e:
         p.error(f"argument --profile: {e}")
-    link = LinkConfig(bandwidth=a.rate, topology=a.topology)   # parse_rate: bytes/s
+    link = LinkConfig(bandwidth=a.rate, topology=a.topology)
     try:
         scale = (fit_scale(prof, a.workers, link, a.steps, a.hvd_step)
                  if a.hvd_step is not None else a.compute_scale)

@@ -135,8 +135,8 @@ def profile_model(model, batch_size: int, *, warmup: int = 3, repeats: int = 10,
         wts = list(layer.trainable_variables)
         t_f = _best_time(fwd, (x,), warmup, repeats)
         t_g = _best_time(grad, (x,), warmup, repeats)
-        params = int(sum(int(tf.size(w)) for w in wts))
-        layers.append(Layer(layer.name, params, t_f, max(t_g - t_f, 0.0)))
+        sizes = tuple(int(tf.size(w)) for w in wts)
+        layers.append(Layer(layer.name, sum(sizes), t_f, max(t_g - t_f, 0.0), sizes))
         x = y
     import platform
     src = (f"measured with benchmarks.profile_model on {platform.machine()} CPU, "

@@ -8,6 +8,10 @@ several jobs ran, only steps that lie entirely inside the overlap window
 Per config: medians over repeats; a ratio ("speedup") is computed within one
 repeat against the baseline run of the same repeat (plain Horovod alone for
 scenario a, Horovod+Horovod for b/c), then the median over repeats is taken.
+
+The ``cluster_*`` functions do the same for the testbed's cluster runs
+(``benchmarks/cluster.py``: per-job shared/alone step times, uplink and core
+usage from the testbed's counters, arbiter grants, recovery after a join).
 """
 from __future__ import annotations
 
@@ -18,7 +22,10 @@ import statistics
 import sys
 from pathlib import Path
 
-from .netns import parse_rate
+from horovod_prio.method import units
+from horovod_prio.sim.scenarios import recovery_steps
+
+from .testbed import CPU_FIELDS
 
 SHORT = {"horovod": "hvd", "prio": "prio"}
 
@@ -93,7 +100,7 @@ def _link_util(run: dict, lo: float, hi: float) -> float | None:
     lo, hi = max(lo, samples[0][0]), min(hi, samples[-1][0])
     if hi - lo < 0.5:
         return None
-    return (at(hi) - at(lo)) * 8 / (parse_rate(run["rate"]) * (hi - lo))
+    return (at(hi) - at(lo)) * 8 / (units.parse_rate_bits_per_s(run["rate"]) * (hi - lo))
 
 
 def run_stats(run: dict) -> dict:
@@ -126,7 +133,7 @@ def run_stats(run: dict) -> dict:
         meta = jobs[0].get("meta", {})
         gb, size = meta.get("grad_bytes"), meta.get("size", 2)
         # ring allreduce on one shared lo: every rank sends 2(N-1)/N*S -> 2(N-1)*S per job
-        out["floor"] = (2 * (size - 1) * gb * 8 * len(jobs) / parse_rate(run["rate"])) if gb else None
+        out["floor"] = (2 * (size - 1) * gb * 8 * len(jobs) / units.parse_rate_bits_per_s(run["rate"])) if gb else None
     return out
 
 
@@ -366,7 +373,7 @@ def plot_sweep(results: dict, path: Path) -> Path | None:
     import matplotlib.pyplot as plt
     fig, ax = plt.subplots(figsize=(6, 3.4), dpi=80)
     keys = sorted({(r["scenario"], "+".join(r["config"]), r["rate"]) for r in rows},
-                  key=lambda k: (k[0], k[1], parse_rate(k[2])))
+                  key=lambda k: (k[0], k[1], units.parse_rate_bits_per_s(k[2])))
     for scen, cfg, rate in keys:
         rr = sorted([r for r in rows if (r["scenario"], "+".join(r["config"]), r["rate"])
                      == (scen, cfg, rate)], key=lambda r: r["batch"])
@@ -381,6 +388,488 @@ def plot_sweep(results: dict, path: Path) -> Path | None:
     fig.savefig(path)
     plt.close(fig)
     return path
+
+
+# ---------------------------------------------------------------- the testbed's cluster runs
+# (benchmarks/cluster.py): statistics, tables and plots
+CLUSTER_SHORT = {"horovod": "hvd", "prio": "prio", "arb": "arb"}
+
+
+def cluster_job_label(d: dict) -> str:
+    s = CLUSTER_SHORT[d["impl"]]
+    if d.get("class") is not None:
+        s += f"(c{d['class']})"
+    if d.get("overlap"):
+        s += "+ov"
+    if d.get("start"):
+        s += f"@{d['start']:g}s"
+    return s
+
+
+def _interp(samples: list[dict], key, t: float) -> float | None:
+    """Counter value at wall time ``t`` (linear between samples)."""
+    if not samples or t < samples[0]["t"] or t > samples[-1]["t"]:
+        return None
+    prev = samples[0]
+    for s in samples:
+        if s["t"] >= t:
+            a, b = key(prev), key(s)
+            if a is None or b is None:
+                return None
+            if s["t"] == prev["t"]:
+                return b
+            return a + (t - prev["t"]) / (s["t"] - prev["t"]) * (b - a)
+        prev = s
+    return key(samples[-1])
+
+
+def _host_sent(host):
+    return lambda s: (s.get("hosts", {}).get(host) or [None])[0]
+
+
+def uplink_usage(rec: dict, lo: float, hi: float) -> dict | None:
+    """Uplink utilisation per direction and each job's share of the uplink bytes
+    over [lo, hi]. A job's bytes = what its two hosts sent into the fabric
+    (veth counters): rank 0 -> rank 1 crosses A->B, rank 1 -> rank 0 B->A (plus
+    the jobs' small control traffic to head/arbiter)."""
+    samples = rec.get("uplink_samples") or []
+    if hi - lo < 0.3 or len(samples) < 2:
+        return None
+    rate = units.parse_rate_bits_per_s(rec["rate"])
+    out = {}
+    tot = 0.0
+    for d in ("AB", "BA"):
+        a, b = _interp(samples, lambda s: s[d], lo), _interp(samples, lambda s: s[d], hi)
+        if a is None or b is None:
+            return None
+        out[d] = (b - a) * 8 / (rate * (hi - lo))
+        tot += b - a
+    shares = {}
+    for j in rec.get("jobs", []):
+        sent = 0.0
+        for h in j.get("hosts") or []:
+            a, b = _interp(samples, _host_sent(h), lo), _interp(samples, _host_sent(h), hi)
+            if a is None or b is None:
+                sent = None
+                break
+            sent += b - a
+        shares[j["name"]] = None if sent is None or tot <= 0 else sent / tot
+    out["share"] = shares
+    return out
+
+
+def _core_order(cpu: str) -> int:
+    """Sort key of a /proc/stat core name: cpu2 before cpu10."""
+    return int(cpu[3:]) if cpu[3:].isdigit() else 0
+
+
+def core_usage(rec: dict, lo: float, hi: float) -> dict | None:
+    """Per core, the fraction of [lo, hi] it spent in user (incl. nice), system
+    and interrupt (irq + softirq: the kernel's packet processing on the
+    testbed's veths, bridge and tbf lands here, on whichever core it runs) time,
+    and busy = all but idle and iowait; from /proc/stat in the samples."""
+    samples = [s for s in rec.get("uplink_samples") or [] if s.get("cpu")]
+    if hi - lo < 0.3 or len(samples) < 2:
+        return None
+    idx = {k: i for i, k in enumerate(CPU_FIELDS)}
+    out = {}
+    for cpu in sorted(samples[0]["cpu"], key=_core_order):
+        def field(name, cpu=cpu):
+            return lambda s: (s["cpu"].get(cpu) or [None] * len(idx))[idx[name]]
+
+        d = {}
+        for name in CPU_FIELDS:
+            a, b = _interp(samples, field(name), lo), _interp(samples, field(name), hi)
+            if a is None or b is None:
+                d = None
+                break
+            d[name] = b - a
+        tot = sum(d.values()) if d else 0
+        if not d or tot <= 0:
+            continue
+        out[cpu] = {"user": (d["user"] + d["nice"]) / tot, "system": d["system"] / tot,
+                    "interrupt": (d["irq"] + d["softirq"]) / tot,
+                    "busy": 1 - (d["idle"] + d["iowait"]) / tot}
+    return out or None
+
+
+def cluster_run_stats(rec: dict) -> dict:
+    """Per job: median s/step over all measured steps, while every job was
+    measuring ("shared"), and outside that window ("alone"); the shared window;
+    uplink usage over it; comm floor."""
+    jobs = rec.get("jobs", [])
+    steps = [measured_steps(j) for j in jobs]
+    win = None
+    if len(jobs) > 1 and all(steps):
+        lo, hi = max(s[0][0] for s in steps), min(s[-1][1] for s in steps)
+        win = (lo, hi) if hi > lo else None
+    out = {"window": win, "jobs": []}
+    for j, st in zip(jobs, steps):
+        d_all = [e - s for s, e in st]
+        if win:
+            d_sh = [e - s for s, e in st if s >= win[0] - 1e-6 and e <= win[1] + 1e-6]
+            d_al = [e - s for s, e in st if e <= win[0] + 1e-6 or s >= win[1] - 1e-6]
+        else:
+            d_sh, d_al = (d_all, []) if len(jobs) == 1 else ([], d_all)
+        pol = policy_series(j)
+        # ran alone before the join: at least one whole step before the others
+        # measured (jobs started together begin a few ms apart; that is no join)
+        first = bool(win and any(e <= win[0] + 1e-6 for _, e in st))
+        rec_steps = None
+        if first and d_al:
+            rec_steps = recovery_steps([(s, e - s) for s, e in st], win[0] - 1e-6,
+                                       median(d_al))
+        out["jobs"].append({
+            "name": j["name"], "label": j.get("label"), "impl": j.get("impl"),
+            "n": len(d_all), "median": median(d_all),
+            "n_shared": len(d_sh), "median_shared": median(d_sh),
+            "n_alone": len(d_al), "median_alone": median(d_al),
+            "recovery": rec_steps, "ran_first": first,
+            "max_boost": max((b for _, _, b in pol if b is not None), default=None),
+            "raises": sum(1 for _, k in job_events(j) if k == "raise")})
+    shared = [x["median_shared"] for x in out["jobs"]]
+    out["mean_shared"] = statistics.fmean(shared) if shared and None not in shared else None
+    span = win
+    if span is None and any(steps):
+        span = (min(s[0][0] for s in steps if s), max(s[-1][1] for s in steps if s))
+    out["uplink"] = uplink_usage(rec, *span) if span else None
+    out["cores"] = core_usage(rec, *span) if span else None
+    meta = (jobs[0].get("meta") or {}) if jobs else {}
+    gb = meta.get("grad_bytes")
+    # ring allreduce of 2 ranks: each rank sends S, i.e. S per direction of the uplink
+    out["floor"] = (len(jobs) * gb * 8 / units.parse_rate_bits_per_s(rec["rate"])) if gb else None
+    return out
+
+
+def _grants(rec: dict, link: str) -> tuple[float | None, float | None]:
+    """(grants, grants that waited) on the arbiter link ``link`` between the go and the end."""
+    a, b = rec.get("arbiter_stats_go"), rec.get("arbiter_stats_end")
+    if not b:
+        return None, None
+    lb = (b.get("links") or {}).get(link) or {}
+    la = ((a or {}).get("links") or {}).get(link) or {}
+    g = lb.get("grants", 0) - la.get("grants", 0)
+    w = lb.get("waits", 0) - la.get("waits", 0)
+    return g, w
+
+
+def cluster_summarize(results: dict) -> tuple[list[dict], list[dict]]:
+    """(rows per variant, rows per variant x job), medians over repeats; ratios
+    against the hvd run of the same repeat."""
+    runs = [r for r in results.get("runs", [])]
+    stats = {(r["variant"], r["repeat"]): cluster_run_stats(r) for r in runs if r.get("status") == "ok"}
+    order = results.get("meta", {}).get("variants") or list(dict.fromkeys(
+        r["variant"] for r in runs))
+    rows, jrows = [], []
+    for v in order:
+        rs = [r for r in runs if r.get("variant") == v]
+        ok = [r for r in rs if (v, r["repeat"]) in stats]
+        row = {"variant": v, "runs": len(rs), "runs_ok": len(ok),
+               "config": (rs[0].get("config") if rs else None)}
+        rows.append(row)
+        if not ok:
+            continue
+        st = [stats[(v, r["repeat"])] for r in ok]
+        njobs = len(st[0]["jobs"])
+        row["job_s"] = [median([s["jobs"][i]["median_shared"] for s in st])
+                        for i in range(njobs)]
+        row["mean_s"] = median([s["mean_shared"] for s in st])
+        row["floor_s"] = median([s["floor"] for s in st])
+        for d in ("AB", "BA"):
+            row[f"busy_{d}"] = median([(s["uplink"] or {}).get(d) for s in st])
+        cores = sorted({c for x in st for c in (x.get("cores") or {})}, key=_core_order)
+        row["cores"] = {c: {k: median([((x.get("cores") or {}).get(c) or {}).get(k)
+                                              for x in st])
+                            for k in ("busy", "user", "system", "interrupt")}
+                        for c in cores}
+        sp, worst = [], []
+        per_job_ratio = [[] for _ in range(njobs)]
+        for r in ok:
+            b = stats.get(("hvd", r["repeat"]))
+            s = stats[(v, r["repeat"])]
+            if not b:
+                continue
+            if b["mean_shared"] and s["mean_shared"]:
+                sp.append(b["mean_shared"] / s["mean_shared"])
+            ch = []
+            for i in range(njobs):
+                bj, sj = b["jobs"][i]["median_shared"], s["jobs"][i]["median_shared"]
+                if bj and sj:
+                    per_job_ratio[i].append(bj / sj)
+                    ch.append(sj / bj - 1)
+            if ch:
+                worst.append(max(ch))
+        row["speedup"] = median(sp)
+        row["speedup_range"] = (min(sp), max(sp)) if len(sp) > 1 and v != "hvd" else None
+        row["worst_job_change"] = median(worst)
+        waits = []
+        for r in ok:
+            s = stats[(v, r["repeat"])]
+            for j in s["jobs"]:
+                w = (r.get("arbiter_waits") or {}).get(j["name"])
+                if w and w.get("chunks") and j["n"]:
+                    waits.append(w.get("wait_union_s", w["wait_total_s"]) / j["n"])
+        row["wait_per_step_s"] = median(waits)
+        link = results.get("meta", {}).get("link", "uplink")
+        gw = [_grants(r, link) for r in ok if r.get("arbiter_stats_end")]
+        if gw:
+            row["grants"] = median([g for g, _ in gw])
+            row["grants_waited"] = median([w for _, w in gw])
+        for i in range(njobs):
+            js = [s["jobs"][i] for s in st]
+            shares = [((s["uplink"] or {}).get("share") or {}).get(js[0]["name"]) for s in st]
+            jrows.append({
+                "variant": v, "job": js[0]["name"], "label": js[0]["label"],
+                "median": median([x["median"] for x in js]),
+                "median_shared": median([x["median_shared"] for x in js]),
+                "median_alone": median([x["median_alone"] for x in js]),
+                "vs_hvd": median(per_job_ratio[i]),
+                "share": median(shares),
+                "max_boost": max((x["max_boost"] for x in js if x["max_boost"] is not None),
+                                 default=None),
+                "raises": median([x["raises"] for x in js]),
+                "recovery": [x["recovery"] for x in js] if js[0]["ran_first"] else None})
+    return rows, jrows
+
+
+def cluster_markdown(results: dict) -> str:
+    meta = results.get("meta", {})
+    f = fmt
+    rows, jrows = cluster_summarize(results)
+    jobs = "; ".join(
+        f"{cluster_job_label(d)} {d.get('model')} batch {d.get('batch')}/rank {d.get('steps')} steps"
+        + (f" {' '.join(f'{k}={v}' for k, v in d['env'].items())}" if d.get("env") else "")
+        for d in meta.get("jobs", []))
+    lines = [
+        f"Command: `{meta.get('command')}` — {meta.get('date')}, git {meta.get('git')}, "
+        f"{meta.get('ncpu')} cores, transport {meta.get('transport')}, uplink {meta.get('rate')} "
+        f"each way, {meta.get('warmup')} warmup steps, repeats={meta.get('repeats')}, "
+        f"pin={meta.get('pin')}, jobs: {jobs}",
+        "",
+        "| variant | jobs | job s/step (shared window) | mean s/step | comm floor s/step "
+        "| speedup vs hvd | worst job vs hvd | uplink busy A→B / B→A | arbiter wait / step "
+        "| grants queued | runs ok |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for r in rows:
+        cfg = " + ".join(r.get("config") or [])
+        if not r["runs_ok"]:
+            lines.append(f"| {r['variant']} | {cfg} | | | | | | | | | 0/{r['runs']} |")
+            continue
+        w = r.get("wait_per_step_s")
+        q = ("–" if r.get("grants") is None
+             else f"{r['grants_waited']:.0f}/{r['grants']:.0f}")
+        lines.append(
+            f"| {r['variant']} | {cfg} | {' / '.join(f(x) for x in r['job_s'])} "
+            f"| {f(r['mean_s'])} | {f(r['floor_s'])} | {ratio_cell(r['speedup'], r.get('speedup_range'))} "
+            f"| {f(r['worst_job_change'], '{:+.1%}')} "
+            f"| {f(r.get('busy_AB'), '{:.0%}')} / {f(r.get('busy_BA'), '{:.0%}')} "
+            f"| {'–' if w is None else f'{w * 1e3:.0f} ms'} | {q} | {r['runs_ok']}/{r['runs']} |")
+    lines += ["", "| variant | job | s/step all | s/step shared | s/step alone | vs hvd (same job) "
+              "| uplink share | max boost | boost raises | recovery, per repeat |",
+              "|---|---|---|---|---|---|---|---|---|---|"]
+    for j in jrows:
+        lines.append(
+            f"| {j['variant']} | {j['job']} {j['label']} | {f(j['median'])} "
+            f"| {f(j['median_shared'])} | {f(j['median_alone'])} | {f(j['vs_hvd'], '{:.2f}×')} "
+            f"| {f(j['share'], '{:.0%}')} | {'–' if j['max_boost'] is None else j['max_boost']} "
+            f"| {f(j['raises'], '{:.0f}')} "
+            f"| {'–' if j['recovery'] is None else ' / '.join('never' if x is None else str(x) for x in j['recovery'])} |")
+    core_rows = [r for r in rows if r.get("cores")]
+    if core_rows:
+        lines += ["", "| variant | core | busy | user | system | irq + softirq |",
+                  "|---|---|---|---|---|---|"]
+        for r in core_rows:
+            for c, u in r["cores"].items():
+                lines.append(f"| {r['variant']} | {c} | "
+                             + " | ".join(f(u[k], "{:.0%}") for k in
+                                          ("busy", "user", "system", "interrupt")) + " |")
+    for r in results.get("runs", []):
+        if r.get("status") != "ok":
+            lines += ["", f"Failed ({r.get('label')}): "
+                          f"{(r.get('error') or '').splitlines()[0][:200]}"]
+    lines += notes_and_load(results, meta)
+    lines += ["", "Shared window: while every job was measuring (warmup excluded; a job with "
+              "start=S is released S s after the others). s/step: median over repeats of each "
+              "job's median step time; 'alone' = its measured steps outside the shared window. "
+              "speedup: hvd mean s/step ÷ this variant's, same repeat, median over repeats "
+              "(in brackets: the lowest and highest per-repeat ratio); "
+              "vs hvd (same job): hvd job's s/step ÷ this job's. comm floor: every rank sends S "
+              "(gradient bytes) across the uplink per step, each direction carries S per job: "
+              "jobs × S·8/rate. uplink busy: tc bytes sent by the tbf of each uplink end ÷ "
+              "(rate × time) over the shared window. uplink share: bytes the job's two hosts sent "
+              "into the fabric ÷ uplink bytes (both directions), same window. arbiter wait / "
+              "step: union of the job's 'arbiter' trace spans (request → grant) per measured "
+              "step, median over jobs and repeats. grants queued: arbiter --stats (waits / "
+              "grants on link 'uplink') between the common start and the end. boost: the "
+              "horovod_prio logger's policy events (rank 0). recovery (a job that ran alone "
+              "at least one whole step before the others joined): its steps from the join until one is within 10 % "
+              "of its alone s/step, counting that one ('never': none was), per repeat; "
+              "the simulator's rule (horovod_prio.sim.scenarios.recovery_steps). "
+              "core: fraction of the shared "
+              "window (of the whole span with one job) each core spent busy, in user, "
+              "system and interrupt time (/proc/stat; the kernel's packet processing for "
+              "every job's traffic counts on whichever core it runs), median over repeats; "
+              f"pin={meta.get('pin')} (job: job i's hosts on core i mod cores)."]
+    return "\n".join(lines)
+
+
+def _first_ok_runs(results: dict) -> list[dict]:
+    seen, out = set(), []
+    for r in sorted(results.get("runs", []), key=lambda r: r.get("repeat", 0)):
+        if r.get("status") == "ok" and r["variant"] not in seen:
+            seen.add(r["variant"])
+            out.append(r)
+    return out
+
+
+def _series(samples: list[dict], key, t0: float):
+    xs, ys = [], []
+    for a, b in zip(samples, samples[1:]):
+        va, vb = key(a), key(b)
+        if va is None or vb is None or b["t"] <= a["t"]:
+            continue
+        xs.append((a["t"] + b["t"]) / 2 - t0)
+        ys.append((vb - va) / (b["t"] - a["t"]))
+    return xs, ys
+
+
+def _mark_joins(ax, r: dict, t0: float) -> None:
+    """A dotted line where a job with start=S was released."""
+    for name, t in (r.get("released") or {}).items():
+        ax.axvline(t - t0, color="0.4", ls=":", lw=0.8)
+        ax.text(t - t0, ax.get_ylim()[1], f" {name} joins", fontsize=6, va="top", color="0.3")
+
+
+def cluster_plot(results: dict, out: Path) -> list[Path]:
+    """steps.png, link.png, boost.png: one panel per variant (its first ok repeat)."""
+    runs = _first_ok_runs(results)
+    if not runs:
+        return []
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    colors = ["tab:blue", "tab:orange", "tab:green", "tab:red", "tab:purple", "tab:brown",
+              "tab:pink", "tab:gray"]
+    written = []
+    n = len(runs)
+
+    def title(r):
+        return (f"{r['variant']}: {' + '.join(r.get('config') or [])} "
+                f"(repeat {r['repeat'] + 1}, {r.get('transport')}, uplink {r.get('rate')})")
+
+    # steps
+    fig, axes = plt.subplots(n, 1, figsize=(8, 1.8 * n + 0.6), dpi=70, squeeze=False)
+    for ax, r in zip(axes[:, 0], runs):
+        t0 = r.get("t_go") or 0
+        ymax = 0.0
+        for i, j in enumerate(r["jobs"]):
+            st = measured_steps(j)
+            ys = [e - s for s, e in st]
+            ymax = max([ymax] + ys)
+            ax.plot([e - t0 for _, e in st], ys, ".-", color=colors[i % 8], lw=1, ms=3,
+                    label=f"{j['name']} {j.get('label') or j.get('impl')}")
+        for i, j in enumerate(r["jobs"]):
+            for t, k in job_events(j):
+                ax.plot([t - t0], [ymax * (1.08 if k == "raise" else 1.02)],
+                        "^" if k == "raise" else "v", color=colors[i % 8], ms=5)
+        win = cluster_run_stats(r)["window"]
+        if win:
+            ax.axvspan(win[0] - t0, win[1] - t0, color="0.92", zorder=0)
+        _mark_joins(ax, r, t0)
+        ax.set_ylim(0, ymax * 1.15 if ymax else 1)
+        ax.set_ylabel("s/step", fontsize=8)
+        ax.set_title(title(r), fontsize=8, loc="left")
+        ax.tick_params(labelsize=7)
+        ax.legend(fontsize=7, loc="lower right", ncol=4)
+    axes[-1, 0].set_xlabel("seconds since the common start (grey: every job measuring; "
+                           "▲ boost raise, ▼ decay)", fontsize=8)
+    fig.tight_layout()
+    fig.savefig(out / "steps.png")
+    plt.close(fig)
+    written.append(out / "steps.png")
+
+    # link utilisation + per-job share
+    fig, axes = plt.subplots(n, 1, figsize=(8, 1.8 * n + 0.6), dpi=70, squeeze=False)
+    for ax, r in zip(axes[:, 0], runs):
+        t0 = r.get("t_go") or 0
+        samples = r.get("uplink_samples") or []
+        rate = units.parse_rate_bytes_per_s(r["rate"])
+        xs = None
+        stack = []
+        for i, j in enumerate(r["jobs"]):
+            series = [_series(samples, _host_sent(h), t0) for h in j.get("hosts") or []]
+            if len(series) != 2 or not series[0][0] or len(series[0][0]) != len(series[1][0]):
+                stack = None
+                break
+            xs = series[0][0]
+            stack.append(([100 * (a + b) / (2 * rate) for a, b in zip(series[0][1],
+                                                                        series[1][1])],
+                          f"{j['name']} {j.get('label') or ''} (both directions)"))
+        if stack:
+            ax.stackplot(xs, [s for s, _ in stack], labels=[lab for _, lab in stack],
+                         colors=colors[:len(stack)], alpha=0.35)
+        for d, st in (("AB", "-"), ("BA", "--")):
+            x, y = _series(samples, lambda s, d=d: s[d], t0)
+            ax.plot(x, [100 * v / rate for v in y], st, color="k", lw=0.8,
+                    label=f"uplink {d[0]}→{d[1]}")
+        ax.set_ylim(0, 110)
+        spans = [measured_steps(j) for j in r["jobs"]]
+        spans = [s for s in spans if s]
+        if spans:   # from 1 s before the first measured step to just after the last
+            ax.set_xlim(min(s[0][0] for s in spans) - t0 - 1,
+                        max(s[-1][1] for s in spans) - t0 + 0.5)
+        ax.set_ylabel("% of rate", fontsize=8)
+        ax.set_title(title(r), fontsize=8, loc="left")
+        ax.tick_params(labelsize=7)
+        ax.legend(fontsize=6, loc="lower right", ncol=3)
+    axes[-1, 0].set_xlabel("seconds since the common start (lines: tc counters of the uplink "
+                           "per direction; areas: each job's hosts' bytes, both directions, "
+                           "÷ 2·rate)", fontsize=8)
+    fig.tight_layout()
+    fig.savefig(out / "link.png")
+    plt.close(fig)
+    written.append(out / "link.png")
+
+    # boost: every ok run with a prio job (the policy reacts to each run's own noise)
+    prio_runs = sorted([r for r in results.get("runs", []) if r.get("status") == "ok"
+                        and any(j.get("impl") == "prio" for j in r["jobs"])],
+                       key=lambda r: (r["variant"], r["repeat"]))[:8]
+    if prio_runs:
+        m = len(prio_runs)
+        fig, axes = plt.subplots(m, 1, figsize=(8, 1.5 * m + 0.6), dpi=70, squeeze=False)
+        for ax, r in zip(axes[:, 0], prio_runs):
+            t0 = r.get("t_go") or 0
+            end = max((measured_steps(j)[-1][1] for j in r["jobs"]
+                       if measured_steps(j)), default=t0) - t0
+            for i, j in enumerate(r["jobs"]):
+                if j.get("impl") != "prio":
+                    continue
+                pts = [(t - t0, b) for t, _, b in policy_series(j) if b is not None]
+                xs, ys = [min([0.0] + [x for x, _ in pts])], [0]
+                for x, b in pts:
+                    xs.append(x)
+                    ys.append(b)
+                xs.append(max(end, xs[-1]))
+                ys.append(ys[-1])
+                ax.step(xs, [y + 0.04 * i for y in ys], where="post", color=colors[i % 8],
+                        label=f"{j['name']} {j.get('label') or ''}")
+            top = max([1] + [b for j in r["jobs"] for _, _, b in policy_series(j)
+                             if b is not None])
+            ax.set_ylim(-0.3, top + 0.5)
+            _mark_joins(ax, r, t0)
+            ax.set_ylabel("boost", fontsize=8)
+            ax.set_title(title(r), fontsize=8, loc="left")
+            ax.tick_params(labelsize=7)
+            ax.legend(fontsize=7, loc="upper right", ncol=4)
+        axes[-1, 0].set_xlabel("seconds since the common start (priority boost of the "
+                               "input-side groups, from the horovod_prio logger on rank 0)",
+                               fontsize=8)
+        fig.tight_layout()
+        fig.savefig(out / "boost.png")
+        plt.close(fig)
+        written.append(out / "boost.png")
+    return written
 
 
 def write_report(results: dict, out: Path) -> dict:

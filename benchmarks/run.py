@@ -35,6 +35,8 @@ import sys
 import tempfile
 from pathlib import Path
 
+from horovod_prio.method import units
+
 from .models import HARNESS_MODELS
 from . import netns
 from .harness import (REPO, JobSpec, Progress, RunFailed, check_prio_available, cpus_for,
@@ -93,7 +95,7 @@ def _variant(s):
 
 def _delay(s):
     try:
-        netns.parse_time(s, "delay")
+        units.check("delay", units.parse_duration_s, s, tc=True)
     except ValueError as e:
         raise argparse.ArgumentTypeError(str(e))
     return s

@@ -59,11 +59,11 @@ from dataclasses import replace
 from pathlib import Path
 
 from horovod_prio.method.config import PriorityConfig
-from horovod_prio.sim.cli import parse_duration
+from horovod_prio.method import units
 from horovod_prio.sim.engine import JobSpec, LinkConfig, simulate
 from horovod_prio.sim.profiles import Profile, load_profile
 
-from . import cluster, netns, report
+from . import report
 from .harness import git_rev
 
 _MODE = {"hvd": "fifo", "prio": "priority", "spec": None}
@@ -80,7 +80,7 @@ def _measured(results: dict) -> dict:
     """variant -> per job medians (while shared, and alone), medians over repeats."""
     out = {}
     for v in results["meta"].get("variants") or []:
-        stats = [cluster.run_stats(r) for r in results["runs"]
+        stats = [report.cluster_run_stats(r) for r in results["runs"]
                  if r.get("variant") == v and r.get("status") == "ok"]
         if not stats:
             continue
@@ -201,7 +201,7 @@ def _sim_stats(r, jobs, warmup):
 
 
 def _link(meta, overhead: float = 0.0, rtt: float = 0.0, step: float = 0.0) -> LinkConfig:
-    return LinkConfig(bandwidth=netns.parse_rate(meta["rate"]) / 8, topology="nic",
+    return LinkConfig(bandwidth=units.parse_rate_bytes_per_s(meta["rate"]), topology="nic",
                       arbiter_credit=int(meta.get("arbiter_credit") or 8 << 20),
                       arbiter_order=meta.get("arbiter_order") or "burst",
                       starvation_bound=int(meta.get("starvation_bound", 8)),
@@ -470,8 +470,8 @@ def _overhead_arg(text: str):
     if text == "fit":
         return None
     try:
-        return parse_duration(text)
-    except (ValueError, argparse.ArgumentTypeError):
+        return units.parse_duration_s(text)
+    except units.BadValue:
         raise argparse.ArgumentTypeError(
             f"expected a duration >= 0 such as 6ms, or 'fit', got {text!r}") from None
 
@@ -498,10 +498,10 @@ def main(argv=None) -> int:
                    help="per-collective overhead on every variant, plain Horovod's included, "
                         "e.g. 6ms (default 0); 'fit': fitted on --calibrate's time with a "
                         "chunk in flight")
-    p.add_argument("--step-cost", type=parse_duration, default=0.0, metavar="T",
+    p.add_argument("--step-cost", type=units.arg(units.parse_duration_s), default=0.0, metavar="T",
                    help="horovod_prio's per-step cost beyond plain Horovod's, on every "
                         "variant but hvd, e.g. 20ms (default 0)")
-    p.add_argument("--arbiter-rtt", type=parse_duration, default=0.0, metavar="T",
+    p.add_argument("--arbiter-rtt", type=units.arg(units.parse_duration_s), default=0.0, metavar="T",
                    help="job-to-arbiter round trip, e.g. 2ms (default 0)")
     p.add_argument("--compute-scale", metavar="K|calibrated", default=None,
                    help="the compute scale instead of fitting it on DIR's plain Horovod run: a "

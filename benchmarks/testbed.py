@@ -47,7 +47,6 @@ veth and bridge, all of which live in them) and removes the
 """
 from __future__ import annotations
 
-import atexit
 import ipaddress
 import itertools
 import json
@@ -65,17 +64,20 @@ import weakref
 from dataclasses import dataclass
 from pathlib import Path
 
+from horovod_prio.method import units
+
 from . import cgroups
 from .cgroups import Cgroup, Limits
-from .netns import (HarnessError, kill_namespace_processes, list_namespaces, parse_rate,
-                    parse_time, require_root, require_tools, run_cmd, stop_process_groups)
+from .netns import (HarnessError, check_shaping, cleaned_up_at_exit, kill_namespace_processes,
+                    list_namespaces, owned_by_another_live_process, require_root,
+                    require_tools, run_cmd, stop_process_groups)
 
 PREFIX = "hprio-tb-"
 ETC_NETNS = Path("/etc/netns")
 LOGIN_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 _HOST_RE = re.compile(r"^[a-z][a-z0-9-]{0,14}$")
 _counter = itertools.count()
-_live: "weakref.WeakSet[Testbed]" = weakref.WeakSet()
+_live: "weakref.WeakSet[Testbed]" = cleaned_up_at_exit()
 
 
 # ---------------------------------------------------------------- topology (pure)
@@ -123,7 +125,7 @@ class Topology:
         return {"AB": self.uplink[0], "BA": self.uplink[1]}[direction]
 
     def rate_bps(self) -> float:
-        return parse_rate(self.rate)
+        return units.parse_rate_bits_per_s(self.rate)
 
     def hosts_file(self) -> str:
         lines = ["127.0.0.1\tlocalhost", "::1\tlocalhost ip6-localhost ip6-loopback"]
@@ -226,10 +228,7 @@ def plan_topology(rack_a: list[str], rack_b: list[str], *, rate: str = "1gbit",
     host name -> its kind, as ``"KIND[,key=value...]"`` text (see
     ``benchmarks.cgroups``) or a ``(kind, Limits)`` pair: the host gets a
     cgroup of its own with those limits."""
-    parse_rate(rate)
-    parse_time(latency, "latency")
-    if not re.match(r"^\d+(\.\d+)?(b|kb|k|mb|m|gb|g|kbit|mbit|gbit)?$", str(burst), re.I):
-        raise ValueError(f"invalid burst {burst!r}: expected e.g. 1mb, 256kb")
+    check_shaping(rate, burst, latency)
     try:
         net = ipaddress.ip_network(subnet)
     except ValueError:
@@ -293,25 +292,13 @@ def host_command(host: Host, argv: list[str], cpus: str | None = None,
 
 
 # ---------------------------------------------------------------- live testbed
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
 def cleanup_stale(prefix: str = PREFIX) -> list[str]:
     """Delete testbed namespaces (and their /etc/netns dirs) whose creating
     process (the pid in ``<prefix><pid>-<n>-<host>``) is gone."""
     removed = []
     live_ns = {ns for tb in list(_live) for ns in tb.topology.namespaces()}
     for name in list_namespaces(prefix):
-        m = re.match(re.escape(prefix) + r"(\d+)-", name)
-        if name in live_ns or (m and int(m.group(1)) != os.getpid()
-                               and _pid_alive(int(m.group(1)))):
+        if name in live_ns or owned_by_another_live_process(name, prefix):
             continue
         kill_namespace_processes(name, grace=1.0)
         run_cmd(["ip", "netns", "del", name], check=False)
@@ -319,9 +306,7 @@ def cleanup_stale(prefix: str = PREFIX) -> list[str]:
         removed.append(name)
     if ETC_NETNS.is_dir():          # /etc/netns dirs whose namespace is already gone
         for d in ETC_NETNS.glob(f"{prefix}*"):
-            m = re.match(re.escape(prefix) + r"(\d+)-", d.name)
-            if d.name in live_ns or (m and _pid_alive(int(m.group(1)))
-                                     and int(m.group(1)) != os.getpid()):
+            if d.name in live_ns or owned_by_another_live_process(d.name, prefix):
                 continue
             if d.name not in list_namespaces(prefix):
                 shutil.rmtree(d, ignore_errors=True)
@@ -548,15 +533,6 @@ class Testbed:
             _live.discard(self)
             if errors:
                 raise HarnessError("; ".join(errors))
-
-
-@atexit.register
-def _cleanup_all() -> None:
-    for tb in list(_live):
-        try:
-            tb.cleanup()
-        except Exception:
-            pass
 
 
 # ---------------------------------------------------------------- counter parsing

@@ -35,17 +35,6 @@ _count = units.arg(units.parse_int, 0)
 _positive_count = units.arg(units.parse_int, 1)
 
 
-def class_reserve_arg(text):
-    """argparse type of ``--class-reserve`` (also the benchmarks' option)."""
-    try:
-        v = float(text)
-    except ValueError:
-        v = float("nan")
-    if not 0 <= v < 1:
-        raise argparse.ArgumentTypeError("expected a share of the credit in [0, 1), got %r" % text)
-    return v
-
-
 def _link_credit(text):
     name, sep, val = text.partition("=")
     if not sep or not name:
@@ -77,7 +66,7 @@ def build_parser():
                         "(its step's chunks: the highest priority it requested), bursts in start "
                         "order, then the request's own priority; 'chunk' = each request by its "
                         "own priority, ties in arrival order (default burst)")
-    p.add_argument("--class-reserve", type=class_reserve_arg, default=0.0, metavar="F",
+    p.add_argument("--class-reserve", type=units.arg(units.parse_class_reserve), default=0.0, metavar="F",
                    help="share of each link's credit the lower job classes leave free while a "
                         "job of a higher class is connected, so its next step's first chunks "
                         "are granted at once (default 0 = off; no effect with one class)")

@@ -234,6 +234,37 @@ def _job_key(job):
     return (-job.job_class, -job.burst_priority, job.burst_seq)
 
 
+def _lazy_top(heap, live, nlive):
+    """The top of a heap with lazy deletion: stale entries (``live(entry)``
+    false) are popped off the top; when the heap holds more than ``2 * nlive
+    + 64`` entries (``nlive``: about how many are live), the stale ones are
+    dropped all at once, so it never grows past a multiple of its live
+    entries. The top entry stays the same."""
+    while not live(heap[0]):
+        heapq.heappop(heap)
+    if len(heap) > 2 * nlive + 64:
+        heap[:] = [e for e in heap if live(e)]
+        heapq.heapify(heap)
+    return heap[0]
+
+
+def _pending_request(entry):
+    """A chunk-order or job heap entry whose request (its last item) still waits."""
+    return entry[-1].state == PENDING
+
+
+def _waiting_job(entry):
+    """A starvation-heap entry ``(served_at, sver, job)``: the job's live
+    entry and it has requests pending."""
+    return entry[1] == entry[2].sver and entry[2].npending
+
+
+def _queued_job(entry):
+    """A link's job-heap entry ``(key, hver, job)``: the job's live entry and
+    it has requests pending."""
+    return entry[1] == entry[2].hver and entry[2].npending
+
+
 class Arbiter:
     """The grant policy; see the module docstring."""
 
@@ -444,34 +475,12 @@ class Arbiter:
             return None, False
         if K:
             lane = ln.lanes[max(ln.lanes)]      # the highest class with pending requests
-            st = lane.starve
-            while True:
-                served_at, ver, job = st[0]
-                if ver == job.sver and job.npending:
-                    break
-                heapq.heappop(st)
-            if len(st) > 2 * len(ln.jobs) + 64:
-                st[:] = [e for e in st if e[1] == e[2].sver and e[2].npending]
-                heapq.heapify(st)
+            served_at, _, job = _lazy_top(lane.starve, _waiting_job, len(ln.jobs))
             if lane.grants - served_at >= K:
                 return self._best_of(job), True
         if self.order == "chunk":
-            h = ln.heap
-            while h[0][3].state != PENDING:
-                heapq.heappop(h)
-            if len(h) > 2 * ln.npending + 64:
-                h[:] = [e for e in h if e[3].state == PENDING]
-                heapq.heapify(h)
-            return h[0][3], False
-        jh = ln.jheap
-        while True:
-            _, ver, job = jh[0]
-            if ver == job.hver and job.npending:
-                break
-            heapq.heappop(jh)
-        if len(jh) > 2 * len(ln.jobs) + 64:
-            jh[:] = [e for e in jh if e[1] == e[2].hver and e[2].npending]
-            heapq.heapify(jh)
+            return _lazy_top(ln.heap, _pending_request, ln.npending)[-1], False
+        _, _, job = _lazy_top(ln.jheap, _queued_job, len(ln.jobs))
         return self._best_of(job), False
 
     def _mark_served(self, lane, job):
@@ -485,13 +494,7 @@ class Arbiter:
         if self.order == "chunk":
             return min((r for r in job.reqs.values() if r.state == PENDING),
                        key=lambda r: (-r.priority, r.seq))
-        h = job.heap
-        while h[0][2].state != PENDING:
-            heapq.heappop(h)
-        if len(h) > 2 * job.npending + 64:
-            h[:] = [e for e in h if e[2].state == PENDING]
-            heapq.heapify(h)
-        return h[0][2]
+        return _lazy_top(job.heap, _pending_request, job.npending)[-1]
 
     def _schedule(self, ln, now):
         out = []

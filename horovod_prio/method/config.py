@@ -21,37 +21,13 @@ read another ``HOROVOD_PRIO_*`` variable can declare it with
 ``HOROVOD_PRIO_REQUIRE_STACK`` and every ``HOROVOD_PRIO_TEST_*`` (test suite)
 are pre-declared.
 
-==================== ============================= ========= =========================
-field                env var                       default   rule
-==================== ============================= ========= =========================
-enabled              HOROVOD_PRIO_ENABLED          True      1/0/true/false/yes/no/on/off
-num_groups           HOROVOD_PRIO_NUM_GROUPS       4         int >= 1 (binding clamps to #layers)
-ratio_threshold      HOROVOD_PRIO_RATIO_THRESHOLD  2.0       float > 0
-scene                HOROVOD_PRIO_SCENE            "first"   "first" | "tail"
-coefficient          HOROVOD_PRIO_COEFFICIENT      None      seconds, >= 0
-relative_coefficient HOROVOD_PRIO_RELATIVE_...     None      >= 0 (neither given: measured)
-calibration_batches  HOROVOD_PRIO_CALIBRATION_...  20        int >= 1: steps that measure the slack
-count_threshold      HOROVOD_PRIO_COUNT_THRESHOLD  20        int >= 0
-adjust_groups        HOROVOD_PRIO_ADJUST_GROUPS    1         int >= 1, <= num_groups
-step                 HOROVOD_PRIO_STEP             1         int >= 1
-max_boost            HOROVOD_PRIO_MAX_BOOST        4         int >= 0
-warmup_batches       HOROVOD_PRIO_WARMUP_BATCHES   2         int >= 0
-partition_bytes      HOROVOD_PRIO_PARTITION_BYTES  auto      bytes >= 1024, or "auto" (None):
-                                                             below
-credit_bytes         HOROVOD_PRIO_CREDIT_BYTES     auto      bytes >= 1024, or "auto" (None)
-                                                             (overlap: below)
-autotune             HOROVOD_PRIO_AUTOTUNE         False     bool: tune an auto credit online
-monitor              HOROVOD_PRIO_MONITOR          True      bool: time steps, adapt priorities
-trace_path           HOROVOD_PRIO_TRACE            None      path
-arbiter              HOROVOD_PRIO_ARBITER          None      "host:port", port 1..65535
-link                 HOROVOD_PRIO_LINK             None      non-empty string
-job_id               HOROVOD_PRIO_JOB_ID           None      non-empty string
-arbiter_secret       HOROVOD_PRIO_ARBITER_SECRET   None      non-empty string (hidden in repr)
-arbiter_secret_file  HOROVOD_PRIO_ARBITER_SECRET_FILE None   path of a file holding the secret
-job_priority         HOROVOD_PRIO_JOB_PRIORITY     0         int: the job's class at the arbiter
-arbiter_timeout      HOROVOD_PRIO_ARBITER_TIMEOUT  0.05      seconds, > 0
-overlap              HOROVOD_PRIO_OVERLAP          None      1/0/true/false/... or unset
-==================== ============================= ========= =========================
+The fields - name, type, environment variable, default, meaning, and
+whether the process has one value of it - are declared once, on
+:class:`PriorityConfig` (``_knob``); the table at the end of this docstring,
+the parsers, the fields that may be ``None``, the runtime's per-process
+fields (:data:`PROCESS_FIELDS`) and the configuration table of
+``docs/usage.md`` (``python tools/config_table.py --write``; a test fails
+when it is stale) are all derived from them.
 
 Notes:
 
@@ -113,7 +89,7 @@ from .policy import AdaptivePriorityPolicy
 from .sequence import SCENES, base_priorities, partition_groups
 
 __all__ = ["PriorityConfig", "ENV_PREFIX", "register_env_var", "CHUNKS_PER_STEP",
-           "MIN_PARTITION_BYTES", "MAX_PARTITION_BYTES"]
+           "MIN_PARTITION_BYTES", "MAX_PARTITION_BYTES", "PROCESS_FIELDS", "markdown_table"]
 
 logger = logging.getLogger("horovod_prio")
 
@@ -129,7 +105,6 @@ ENV_PREFIX = "HOROVOD_PRIO_"
 CHUNKS_PER_STEP = 8
 MIN_PARTITION_BYTES = 1024 * 1024
 MAX_PARTITION_BYTES = 4 * 1024 * 1024
-_ENV_OVERRIDES = {"trace_path": "HOROVOD_PRIO_TRACE"}
 # HOROVOD_PRIO_* variables read elsewhere (not config knobs): never "unknown".
 # tools/install.sh wheel cache; the test suite's "a missing stack fails" switch
 _EXTRA_ENV_VARS = {"HOROVOD_PRIO_CACHE", "HOROVOD_PRIO_REQUIRE_STACK"}
@@ -204,38 +179,15 @@ def _p_arbiter(v):
     return s
 
 
-# field name -> parser for non-None values
-_PARSERS: Dict[str, Callable[[Any], Any]] = {
-    "enabled": _unit(units.parse_bool),
-    "num_groups": _unit(units.parse_int, 1),
-    "ratio_threshold": _unit(units.parse_float, 0.0, strict=True),
-    "scene": _p_scene,
-    "coefficient": _unit(units.parse_float, 0.0, unit=" (seconds)"),
-    "relative_coefficient": _unit(units.parse_float, 0.0),
-    "count_threshold": _unit(units.parse_int, 0),
-    "adjust_groups": _unit(units.parse_int, 1),
-    "step": _unit(units.parse_int, 1),
-    "max_boost": _unit(units.parse_int, 0),
-    "warmup_batches": _unit(units.parse_int, 0),
-    "calibration_batches": _unit(units.parse_int, 1),
-    "partition_bytes": _p_auto_bytes,
-    "credit_bytes": _p_auto_bytes,
-    "autotune": _unit(units.parse_bool),
-    "monitor": _unit(units.parse_bool),
-    "trace_path": _p_path,
-    "arbiter": _p_arbiter,
-    "link": _opt_str,
-    "job_id": _opt_str,
-    "arbiter_secret": _opt_str,
-    "arbiter_secret_file": _p_path,
-    "job_priority": _unit(units.parse_int, -(1 << 31), (1 << 31) - 1),
-    "arbiter_timeout": _unit(units.parse_float, 0.0, strict=True, unit=" (seconds)"),
-    "overlap": _unit(units.parse_bool),
-}
-# fields whose value may be None
-_OPTIONAL = {"partition_bytes", "credit_bytes", "coefficient", "relative_coefficient",
-             "trace_path", "arbiter", "link", "job_id",
-             "arbiter_secret", "arbiter_secret_file", "overlap"}
+def _knob(default, parse, doc, *, process=False, env=None, shown=None, secret=False):
+    """One field's declaration: ``default`` (``None``: the field may be
+    ``None``, and is when not given), ``parse`` (non-``None`` values; raises
+    :class:`_Bad`), ``doc`` (what it means, Markdown), ``process`` (one value
+    per process, checked by the runtime), ``env`` (its variable when not
+    ``HOROVOD_PRIO_<FIELD>``), ``shown`` (the default as the docs say it),
+    ``secret`` (hidden in repr)."""
+    return field(default=default, repr=not secret, metadata=dict(
+        parse=parse, doc=doc, process=process, env=env, shown=shown))
 
 
 @dataclass(frozen=True, init=False)
@@ -247,31 +199,99 @@ class PriorityConfig:
     Unknown keyword arguments raise ``TypeError`` naming them.
     """
 
-    enabled: bool = True
-    num_groups: int = 4
-    ratio_threshold: float = 2.0
-    scene: str = "first"
-    coefficient: Optional[float] = None
-    relative_coefficient: Optional[float] = None
-    count_threshold: int = 20
-    adjust_groups: int = 1
-    step: int = 1
-    max_boost: int = 4
-    warmup_batches: int = 2
-    calibration_batches: int = 20
-    partition_bytes: Optional[int] = None
-    credit_bytes: Optional[int] = None
-    autotune: bool = False
-    monitor: bool = True
-    trace_path: Optional[str] = None
-    arbiter: Optional[str] = None
-    link: Optional[str] = None
-    job_id: Optional[str] = None
-    arbiter_secret: Optional[str] = field(default=None, repr=False)
-    arbiter_secret_file: Optional[str] = None
-    job_priority: int = 0
-    arbiter_timeout: float = 0.05
-    overlap: Optional[bool] = None
+    enabled: bool = _knob(
+        True, _unit(units.parse_bool),
+        "`0` = use Horovod's own allreduce path unchanged")
+    num_groups: int = _knob(
+        4, _unit(units.parse_int, 1),
+        "groups in the group sequence (clamped to the number of layers)")
+    ratio_threshold: float = _knob(
+        2.0, _unit(units.parse_float, 0.0, strict=True),
+        "tasks/groups above this → near-equal groups")
+    scene: str = _knob(
+        "first", _p_scene,
+        "otherwise: `first` (first group takes the remainder) or `tail` (last N−1 groups "
+        "one task each)")
+    coefficient: Optional[float] = _knob(
+        None, _unit(units.parse_float, 0.0, unit=" (seconds)"),
+        "slow threshold = min step time + coefficient (seconds)")
+    relative_coefficient: Optional[float] = _knob(
+        None, _unit(units.parse_float, 0.0),
+        "slow threshold = min × (1 + relative_coefficient)")
+    count_threshold: int = _knob(
+        20, _unit(units.parse_int, 0),
+        "fast steps counted before the boost decays one level")
+    adjust_groups: int = _knob(
+        1, _unit(units.parse_int, 1),
+        "how many input-side groups the boost raises (≤ `num_groups`)")
+    step: int = _knob(
+        1, _unit(units.parse_int, 1),
+        "priority added per boost level")
+    max_boost: int = _knob(
+        4, _unit(units.parse_int, 0),
+        "boost cap")
+    warmup_batches: int = _knob(
+        2, _unit(units.parse_int, 0),
+        "first steps ignored (graph tracing)")
+    calibration_batches: int = _knob(
+        20, _unit(units.parse_int, 1),
+        "neither coefficient given: steps that measure the slack")
+    partition_bytes: Optional[int] = _knob(
+        None, _p_auto_bytes,
+        "chunk size (`\"512KiB\"`, `\"4MiB\"`, `\"1MB\"`, `\"auto\"` accepted); a chunk is "
+        "ready only when its last gradient is, so big chunks start the link late "
+        "([docs/bench.md](bench.md)); a gradient is cut only where a chunk can be held back "
+        "(a credit — under `hvd.overlap` its default one-chunk credit —, `autotune`, an "
+        "arbiter); otherwise it is never cut (its pieces would leave together and joining "
+        "them costs a copy), one of half a chunk or more is a chunk of its own (a fused chunk "
+        "waits for its last gradient) and smaller ones are fused up to the chunk size "
+        "(`PriorityConfig.splits_tensors`)",
+        shown="`auto`: an eighth of the optimizer's gradient bytes per step, within "
+              "[1 MiB, 4 MiB]")
+    credit_bytes: Optional[int] = _knob(
+        None, _p_auto_bytes,
+        "most released-but-unfinished bytes on rank 0 (a larger chunk goes alone); auto = no "
+        "limit, or tuned with `autotune`; a value given, `auto` included, always wins",
+        process=True,
+        shown="auto; one chunk (`partition_bytes`) once an optimizer overlaps (unless "
+              "`autotune`)")
+    autotune: bool = _knob(
+        False, _unit(units.parse_bool),
+        "tune an auto credit online (below)", process=True)
+    monitor: bool = _knob(
+        True, _unit(units.parse_bool),
+        "`0` = fixed base priorities, no step timing, no policy")
+    trace_path: Optional[str] = _knob(
+        None, _p_path,
+        "write a Chrome-trace JSON (rank r>0: `<stem>.rank<r><ext>`, `.json` when the path "
+        "has no extension)", process=True, env="HOROVOD_PRIO_TRACE")
+    arbiter: Optional[str] = _knob(
+        None, _p_arbiter,
+        "`host:port` of a link arbiter (opt-in; needs `link` and a secret)", process=True)
+    link: Optional[str] = _knob(
+        None, _opt_str,
+        "name of the shared link at the arbiter", process=True)
+    job_id: Optional[str] = _knob(
+        None, _opt_str,
+        "this job's name at the arbiter", process=True, shown="host-pid")
+    arbiter_secret: Optional[str] = _knob(
+        None, _opt_str,
+        "shared secret", process=True, secret=True)
+    arbiter_secret_file: Optional[str] = _knob(
+        None, _p_path,
+        "or a file holding it", process=True)
+    job_priority: int = _knob(
+        0, _unit(units.parse_int, -(1 << 31), (1 << 31) - 1),
+        "the job's class at the arbiter (a 32-bit signed integer): a higher class outranks "
+        "every request of a lower class, and no lower-class chunk is granted while a higher "
+        "class holds a grant ([arbiter.md](arbiter.md#job-classes))", process=True)
+    arbiter_timeout: float = _knob(
+        0.05, _unit(units.parse_float, 0.0, strict=True, unit=" (seconds)"),
+        "seconds before an unanswered arbiter is bypassed", process=True)
+    overlap: Optional[bool] = _knob(
+        None, _unit(units.parse_bool),
+        "barrier crossing: unset = as `hvd.overlap(...)` says, `0` = `hvd.overlap` is a "
+        "logged no-op (A/B), `1` = required ([overlap.md](overlap.md))", shown="unset")
 
     def __init__(self, **kwargs: Any) -> None:
         self._build(kwargs, os.environ)
@@ -288,9 +308,9 @@ class PriorityConfig:
     @staticmethod
     def env_var(field_name: str) -> str:
         """The environment variable of ``field_name`` (``ValueError`` if unknown)."""
-        if field_name not in _PARSERS:
+        if field_name not in _FIELDS:
             raise ValueError(f"PriorityConfig has no field {field_name!r}")
-        return _ENV_OVERRIDES.get(field_name, ENV_PREFIX + field_name.upper())
+        return _FIELDS[field_name].metadata["env"] or ENV_PREFIX + field_name.upper()
 
     @classmethod
     def field_names(cls) -> Tuple[str, ...]:
@@ -434,7 +454,7 @@ class PriorityConfig:
         """Whether ``field_name`` was given (keyword argument or env var), as
         opposed to left at its default. ``dataclasses.replace`` passes every
         field, so a replaced config has every field given."""
-        if field_name not in _PARSERS:
+        if field_name not in _FIELDS:
             raise ValueError(f"PriorityConfig has no field {field_name!r}")
         return field_name in self._explicit
 
@@ -483,3 +503,49 @@ class PriorityConfig:
         if source == "kwarg":
             return f"from keyword argument; env var {var}"
         return f"default; env var {var}"
+
+
+# ------------------------------------------------------- derived from the fields
+_FIELDS = {f.name: f for f in fields(PriorityConfig)}
+# field name -> parser for non-None values
+_PARSERS: Dict[str, Callable[[Any], Any]] = {n: f.metadata["parse"] for n, f in _FIELDS.items()}
+# fields whose value may be None
+_OPTIONAL = frozenset(n for n, f in _FIELDS.items() if f.default is None)
+#: Fields that exist once per process: the first optimizer/tape sets them and
+#: the runtime refuses a different value (:class:`horovod_prio.runtime.Runtime`).
+PROCESS_FIELDS = tuple(n for n, f in _FIELDS.items() if f.metadata["process"])
+
+
+def _shown_default(f) -> str:
+    if f.metadata["shown"]:
+        return f.metadata["shown"]
+    if f.default is None:
+        return "–"
+    return "`%s`" % f.default if isinstance(f.default, (bool, str)) else repr(f.default)
+
+
+def markdown_table() -> str:
+    """The fields as ``docs/usage.md``'s configuration table (Markdown)."""
+    rows = ["| field | env var | default | one per process | meaning |",
+            "|---|---|---|---|---|"]
+    for n, f in _FIELDS.items():
+        rows.append("| `%s` | `%s` | %s | %s | %s |" % (
+            n, PriorityConfig.env_var(n), _shown_default(f),
+            "yes" if f.metadata["process"] else "–", f.metadata["doc"]))
+    return "\n".join(rows) + "\n"
+
+
+def _text_table() -> str:
+    cols = [("field", "env var", "type", "default", "per process")]
+    for n, f in _FIELDS.items():
+        cols.append((n, PriorityConfig.env_var(n), str(f.type), repr(f.default),
+                     "yes" if f.metadata["process"] else ""))
+    width = [max(len(r[i]) for r in cols) for i in range(len(cols[0]))]
+    rule = " ".join("=" * w for w in width)
+    lines = [" ".join(c.ljust(w) for c, w in zip(r, width)).rstrip() for r in cols]
+    return "\n".join([rule, lines[0], rule] + lines[1:] + [rule]) + "\n"
+
+
+if __doc__:   # not under python -OO
+    __doc__ += "\nFields (generated from the declarations)::\n\n" + "".join(
+        "    " + line + "\n" for line in _text_table().splitlines())

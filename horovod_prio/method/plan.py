@@ -1,8 +1,11 @@
 """The chunk plan: gradients -> tasks -> groups -> chunks. Pure Python.
 
-One function, :func:`make_plan`, decides what is sent and with which
-priority group; the TensorFlow binding builds its graph from the plan and the
-simulator times the same plan, so both send exactly the same chunks.
+One function, :func:`step_plan`, decides what one optimizer step sends: the
+chunk size, the credit in force and whether a gradient may be cut follow from
+the configuration, then :func:`make_plan` cuts the chunks with their priority
+groups. The TensorFlow binding (``fusion.py``, ``overlapped.py``) builds its
+graph from that plan and the simulator times the same plan, so both send
+exactly the same chunks (``tests/method/test_step_plan.py``).
 
 * A **task** is one layer's gradients (``tasks`` lists tensor indices per
   task, in backprop order: task 0 is the output-side layer).
@@ -30,9 +33,10 @@ from __future__ import annotations
 import bisect
 import itertools
 from dataclasses import dataclass
-from typing import Dict, List, Sequence, Tuple
+from typing import Dict, List, Optional, Sequence, Tuple
 
-__all__ = ["TensorSpec", "Segment", "Chunk", "Plan", "make_plan", "ALIGN_BYTES"]
+__all__ = ["TensorSpec", "Segment", "Chunk", "Plan", "make_plan", "ALIGN_BYTES", "StepPlan",
+           "step_plan"]
 
 #: A cut inside a tensor falls on a multiple of this many bytes of the tensor:
 #: TensorFlow's strided slice of a 1-D tensor is a view (no copy) when it
@@ -185,3 +189,54 @@ def make_plan(tensors: Sequence[TensorSpec], tasks: Sequence[Sequence[int]],
                 chunks.append(Chunk("%s_g%d_%s_c%d" % (prefix, g, dtype, c), g, dtype, itemsize,
                                     tuple(segs)))
     return Plan(tuple(tuple(t) for t in tasks), tuple(tuple(g) for g in groups), tuple(chunks))
+
+
+@dataclass(frozen=True)
+class StepPlan:
+    """What one optimizer step sends, decided by :func:`step_plan`.
+
+    ``groups``: task indices per priority group; ``step_bytes``: the gradient
+    bytes of a step; ``partition_bytes``: the chunk size; ``credit_bytes``:
+    the scheduler credit this plan is made for (``None``: no limit) - under
+    ``hvd.overlap`` the process's credit, which the runtime puts in force
+    (:meth:`horovod_prio.runtime.Runtime.use_overlap_credit`); ``split_tensors``:
+    whether a chunk may cut a gradient. :meth:`plan` cuts the chunks, named
+    after ``prefix`` (the binding's is the identity name the runtime gives,
+    which needs the groups and the chunk size first)."""
+
+    tensors: Tuple[TensorSpec, ...]
+    tasks: Tuple[Tuple[int, ...], ...]
+    groups: Tuple[Tuple[int, ...], ...]
+    step_bytes: int
+    partition_bytes: int
+    credit_bytes: Optional[int]
+    split_tensors: bool
+
+    def plan(self, prefix: str = "chunk") -> Plan:
+        return make_plan(self.tensors, self.tasks, self.groups, self.partition_bytes,
+                         prefix=prefix, split_tensors=self.split_tensors)
+
+
+def step_plan(tensors: Sequence[TensorSpec], tasks: Sequence[Sequence[int]], config, *,
+              overlap: bool = False, arbiter: Optional[bool] = None) -> StepPlan:
+    """The chunk plan of one optimizer step under ``config`` (a
+    :class:`~horovod_prio.method.config.PriorityConfig`), for the binding and
+    the simulator alike.
+
+    ``tensors``/``tasks`` as for :func:`make_plan`; groups from
+    ``config.make_groups``; chunk size from ``config.partition_bytes_for``;
+    credit ``config.overlap_credit_bytes(partition)`` when the step
+    ``overlap``-s (``hvd.overlap``), else ``config.credit_bytes``; a gradient
+    is cut where a chunk can be held back (``config.splits_tensors``), which
+    an ``arbiter`` does (default: ``config.arbiter`` is set; the simulator
+    says whether its job asks one)."""
+    tensors = tuple(tensors)
+    tasks = tuple(tuple(t) for t in tasks)
+    groups = tuple(tuple(g) for g in config.make_groups(len(tasks)))
+    step_bytes = sum(t.nelems * t.itemsize for t in tensors)
+    partition = config.partition_bytes_for(step_bytes)
+    credit = config.overlap_credit_bytes(partition) if overlap else config.credit_bytes
+    if arbiter is None:
+        arbiter = config.arbiter is not None
+    return StepPlan(tensors, tasks, groups, step_bytes, partition, credit,
+                    config.splits_tensors(credit, bool(arbiter)))

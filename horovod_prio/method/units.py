@@ -8,10 +8,25 @@ value, or raises :class:`BadValue` (a ``ValueError``) whose ``rule`` says what
 was expected. :func:`check` turns that into a message naming the field;
 :func:`arg` adapts a parser for ``argparse``.
 
+Every parser names the unit it returns: ``parse_bytes``,
+``parse_rate_bits_per_s`` / ``parse_rate_bytes_per_s``, ``parse_duration_s``,
+``parse_burst_bytes``, ``parse_class_reserve`` (a share).
+
 Byte sizes: an ``int``, or a string with an optional suffix, case-insensitive:
 ``B``; ``K``/``KiB``, ``M``/``MiB``, ``G``/``GiB`` (powers of 1024); ``KB``,
 ``MB``, ``GB`` (powers of 1000). ``"4MiB"`` -> 4194304, ``"1MB"`` -> 1000000,
 ``"1.5MiB"`` -> 1572864; a fraction of a byte is an error.
+
+Link rates are written as ``tc`` reads them, so that the text the shaped-link
+harness hands to ``tc`` and the number the simulator and the reports compute
+with agree: a number (``1e9`` too) in bits/s, or with ``kbit``/``mbit``/
+``gbit``/``tbit`` (powers of 1000), case-insensitive. ``bps``-style suffixes
+are refused: ``tc`` reads ``mbps`` as megabytes/s where most people mean
+megabits.
+
+Durations: a number with ``s``, ``ms``, ``us`` or ``ns`` (a bare number is
+seconds); for ``tc`` (``tc=True``) the unit is required and is ``s``, ``ms``
+or ``us``, since ``tc`` reads a bare number as microseconds.
 """
 from __future__ import annotations
 
@@ -22,7 +37,8 @@ import re
 from fractions import Fraction
 
 __all__ = ["BadValue", "parse_bytes", "parse_int", "parse_float", "parse_bool", "check", "arg",
-           "bytes_rule"]
+           "bytes_rule", "parse_rate_bits_per_s", "parse_rate_bytes_per_s", "parse_duration_s",
+           "parse_burst_bytes", "parse_class_reserve"]
 
 
 class BadValue(ValueError):
@@ -130,6 +146,76 @@ def parse_bool(value) -> bool:
         if s in _FALSE:
             return False
     raise BadValue(rule, value)
+
+
+_NUMBER = r"([0-9]*\.?[0-9]+(?:e[+-]?[0-9]+)?)"
+_RATE_RE = re.compile(r"^\s*" + _NUMBER + r"\s*([kmgt]?bit)?\s*$", re.I)
+_RATE_UNITS = {"": 1.0, "bit": 1.0, "kbit": 1e3, "mbit": 1e6, "gbit": 1e9, "tbit": 1e12}
+_DURATION_RE = re.compile(r"^\s*" + _NUMBER + r"\s*([a-z]*)\s*$", re.I)
+_DURATION_UNITS = {"s": 1.0, "ms": 1e-3, "us": 1e-6, "ns": 1e-9}
+_BURST_RE = re.compile(r"^\s*" + _NUMBER + r"\s*([a-z]*)\s*$", re.I)
+# tc's sizes: k/kb = 1024 bytes (not 1000), kbit = 1000 bits
+_BURST_UNITS = {"": 1, "b": 1, "k": 1024, "kb": 1024, "m": 1024 ** 2, "mb": 1024 ** 2,
+                "g": 1024 ** 3, "gb": 1024 ** 3, "kbit": 1e3 / 8, "mbit": 1e6 / 8,
+                "gbit": 1e9 / 8}
+
+
+def parse_rate_bits_per_s(value) -> float:
+    """A link rate > 0 (see the module docstring) in bits per second:
+    ``"300mbit"`` -> 3e8, ``"1e9"`` -> 1e9."""
+    rule = "a rate > 0 in bits/s, e.g. 300mbit, 2.5gbit or 1e9 (tc's kbit/mbit/gbit/tbit)"
+    m = _RATE_RE.match(value) if isinstance(value, str) else None
+    if m is None:
+        raise BadValue(rule, value)
+    v = float(m.group(1)) * _RATE_UNITS[(m.group(2) or "").lower()]
+    if not math.isfinite(v) or v <= 0:
+        raise BadValue(rule, value)
+    return v
+
+
+def parse_rate_bytes_per_s(value) -> float:
+    """:func:`parse_rate_bits_per_s` in bytes per second."""
+    return parse_rate_bits_per_s(value) / 8.0
+
+
+def parse_duration_s(value, tc: bool = False) -> float:
+    """A duration >= 0 in seconds: ``"5us"`` -> 5e-6, ``"0.1ms"``, ``"0"``,
+    ``"1e-6"``; ``tc``: as ``tc`` reads it (unit required, one of s/ms/us)."""
+    if tc:
+        rule = "a duration with a unit (s, ms, us), e.g. 1ms, 200us, 0.5s"
+        allowed = ("s", "ms", "us")
+    else:
+        rule, allowed = ("a duration >= 0 like 5us, 0.1ms, 0.002s or 1e-6 (seconds)",
+                         ("", "s", "ms", "us", "ns"))
+    m = _DURATION_RE.match(value) if isinstance(value, str) else None
+    if m is None or m.group(2).lower() not in allowed:
+        raise BadValue(rule, value)
+    v = float(m.group(1)) * _DURATION_UNITS.get(m.group(2).lower(), 1.0)
+    if not math.isfinite(v):
+        raise BadValue(rule, value)
+    return v
+
+
+def parse_burst_bytes(value) -> float:
+    """A ``tc`` size (a token bucket's burst) in bytes: ``"1mb"`` -> 1048576
+    (``tc``'s k/kb/m/mb/g/gb are powers of 1024), ``"256kbit"`` -> 32000."""
+    rule = "a tc size such as 1mb, 256kb or 64kbit"
+    m = _BURST_RE.match(value) if isinstance(value, str) else None
+    if m is None or m.group(2).lower() not in _BURST_UNITS:
+        raise BadValue(rule, value)
+    return float(m.group(1)) * _BURST_UNITS[m.group(2).lower()]
+
+
+def parse_class_reserve(value) -> float:
+    """The arbiter's class reserve: a share of a link's credit in [0, 1)."""
+    rule = "a share of the credit in [0, 1)"
+    try:
+        v = float(value.strip() if isinstance(value, str) else value)
+    except (TypeError, ValueError):
+        raise BadValue(rule, value) from None
+    if isinstance(value, bool) or not 0 <= v < 1:
+        raise BadValue(rule, value)
+    return v
 
 
 def check(what: str, parser, value, *args, **kwargs):

@@ -26,6 +26,7 @@ import atexit
 import logging
 import threading
 
+from horovod_prio.method.config import PROCESS_FIELDS  # declared with the fields
 from horovod_prio.runtime.autotune import CreditTuner, credit_candidates
 from horovod_prio.runtime.monitor import Monitor
 from horovod_prio.runtime.trace import ChunkTracer, TraceWriter, trace_path_for_rank
@@ -34,9 +35,6 @@ __all__ = ["Runtime", "get_runtime", "PROCESS_FIELDS"]
 
 log = logging.getLogger("horovod_prio")
 
-#: PriorityConfig fields that exist once per process.
-PROCESS_FIELDS = ("credit_bytes", "autotune", "trace_path", "arbiter", "link", "job_id",
-                  "arbiter_secret", "arbiter_secret_file", "arbiter_timeout", "job_priority")
 
 
 class Runtime:
@@ -69,6 +67,8 @@ class Runtime:
         # barrier crossing (runtime/overlap.py): background workers, extra trace events
         self._overlap_workers = []
         self._event_sources = []
+        self.overlap_states = []      # the binding's hvd.overlap optimizers (hvd.flush())
+        self._said = set()            # first_time()
 
     # ------------------------------------------------------------------ set-up
     def setup(self, config, rank, size, owner="an optimizer"):
@@ -95,19 +95,18 @@ class Runtime:
                            config.env_var(f)))
 
     def _first_setup(self, config, rank, size, owner):
-        from horovod_prio.scheduler import UNLIMITED, Scheduler
+        from horovod_prio.scheduler import Scheduler
         self.scheduler = self._scheduler_factory() if self._scheduler_factory else \
             Scheduler.process()
         self.rank, self.size = rank, size
-        hold = self.hold = rank == 0 and size > 1
-        self.scheduler.configure(UNLIMITED if config.credit_bytes is None else config.credit_bytes,
-                                 hold)
+        self.hold = rank == 0 and size > 1
+        self._set_credit(config.credit_bytes)
         if config.trace_path:
             path = trace_path_for_rank(config.trace_path, rank)
             self.writer = TraceWriter(path, process_name="horovod_prio rank %d" % rank)
             self.tracer = ChunkTracer(self.writer)
             self.scheduler.set_tracing(True)
-        if hold:
+        if self.hold:
             from horovod_prio.runtime.arbiter_link import ArbiterLink
             self.arbiter = ArbiterLink.attach(self.scheduler, config)
         if rank == 0 and self.arbiter is None:
@@ -179,23 +178,23 @@ class Runtime:
             return ident
 
     # ------------------------------------------------------------------ overlap (docs/overlap.md)
-    def use_overlap_credit(self, config, partition_bytes):
-        """An optimizer overlaps with chunks of ``partition_bytes``: unless a
-        credit was given (or autotune decides), the process's credit becomes
-        :meth:`PriorityConfig.overlap_credit_bytes` (one chunk) - without one
-        the priority order never acts and the next forward waits behind every
-        chunk. The first overlapped optimizer decides; only rank 0 holds
-        chunks, the other ranks record it."""
-        credit = config.overlap_credit_bytes(partition_bytes)
-        if credit == config.credit_bytes:    # given, or autotune's: already in force
+    def use_overlap_credit(self, credit_bytes):
+        """An optimizer overlaps, its plan made for ``credit_bytes``
+        (:func:`horovod_prio.method.plan.step_plan`: one chunk unless a credit
+        was given or autotune decides): where that is not the credit already
+        in force it becomes the process's credit - without one the priority
+        order never acts and the next forward waits behind every chunk. The
+        first overlapped optimizer decides; only rank 0 holds chunks, the
+        other ranks record it."""
+        if credit_bytes == self.settings.credit_bytes:   # given, or autotune's: in force
             return
         with self._lock:
             if self.overlap_credit is not None:
                 return
-            self.overlap_credit = credit
-        self.scheduler.configure(credit, self.hold)
+            self.overlap_credit = credit_bytes
+        self._set_credit(credit_bytes)
         log.info("horovod_prio: hvd.overlap: credit %d B (set HOROVOD_PRIO_CREDIT_BYTES to "
-                 "choose; 'auto' = no limit)", credit)
+                 "choose; 'auto' = no limit)", credit_bytes)
 
     def add_overlap_worker(self, worker):
         """Own and start an :class:`~horovod_prio.runtime.overlap.OverlapWorker`
@@ -205,6 +204,21 @@ class Runtime:
                 raise RuntimeError("horovod_prio runtime is shut down (interpreter exit)")
             self._overlap_workers.append(worker)
         worker.start()
+
+    def add_overlap_state(self, state):
+        """Keep an optimizer's ``hvd.overlap`` state (the binding's object) for
+        the process-wide ``hvd.flush()``."""
+        with self._lock:
+            self.overlap_states.append(state)
+
+    def first_time(self, key):
+        """True the first time ``key`` is asked about in this process: for
+        what is said once per process (a warning per callback class, ...)."""
+        with self._lock:
+            if key in self._said:
+                return False
+            self._said.add(key)
+            return True
 
     def add_event_source(self, drain):
         """``drain()`` returns Chrome-trace events to write; called by :meth:`pump`."""
@@ -264,10 +278,16 @@ class Runtime:
             return {"step": step, "choice": choice, "why": why,
                     "credit_bytes": self.scheduler.stats()["credit_bytes"]}
 
-    def _apply_tuning(self, credit, why):
-        """Rank 0's credit (the only rank that holds): no other rank needs it."""
+    def _set_credit(self, credit_bytes):
+        """Put ``credit_bytes`` (``None``: no limit) in force: the one place
+        the process's scheduler credit is set (set-up, hvd.overlap, autotune)."""
         from horovod_prio.scheduler import UNLIMITED
-        self.scheduler.configure(credit, True)
+        self.scheduler.configure(UNLIMITED if credit_bytes is None else credit_bytes, self.hold)
+
+    def _apply_tuning(self, credit, why):
+        """Rank 0's credit (only rank 0 holds chunks and tunes)."""
+        from horovod_prio.scheduler import UNLIMITED
+        self._set_credit(credit)
         shown = "unlimited" if credit == UNLIMITED else "%d B" % credit
         log.info("horovod_prio: autotune: credit %s (%s)", shown, why)
         if self.writer is not None:

@@ -44,6 +44,11 @@ _REQUEST_CB = ctypes.CFUNCTYPE(None, ctypes.c_uint64, ctypes.c_char_p, ctypes.c_
                                ctypes.c_int64)
 _TICKET_CB = ctypes.CFUNCTYPE(None, ctypes.c_uint64)
 
+# Module state that stays here rather than in the runtime (the owner of the
+# process's settings): the loaded library (one per process, like any shared
+# library) and the Python handle of its process-wide scheduler, which is a C++
+# singleton because the TensorFlow kernels, loaded by TF outside our control,
+# reach it through hvdprio_global(); the runtime configures it.
 _lock = threading.RLock()
 _lib = None
 _process = None

@@ -13,7 +13,6 @@ import argparse
 import json
 import math
 import os
-import re
 import shlex
 import statistics
 import sys
@@ -21,7 +20,6 @@ import time
 from dataclasses import replace
 from typing import List, Optional
 
-from ..arbiter.cli import class_reserve_arg
 from ..arbiter.core import Arbiter
 from ..method import units
 from ..method.config import PriorityConfig
@@ -29,34 +27,8 @@ from .engine import MODES, TOPOLOGIES, JobSpec, LinkConfig, simulate
 from .profiles import BUILTIN, DEFAULT_TFLOPS, get_profile
 from .report import markdown_table, summarize, write_outputs
 
-_RATE_RE = re.compile(r"^\s*([0-9]*\.?[0-9]+(?:e[+-]?[0-9]+)?)\s*([kmgt]?)(bit|bps|b)?(/s)?\s*$",
-                      re.I)
-_TIME_RE = re.compile(r"^\s*([0-9]*\.?[0-9]+(?:e[+-]?[0-9]+)?)\s*(s|ms|us|ns)?\s*$", re.I)
-
-
-def parse_rate(text: str) -> float:
-    """``10gbit``, ``25Gbit/s``, ``100mbps``, ``1e9`` (bits/s) -> bytes/s."""
-    m = _RATE_RE.match(str(text))
-    if not m or (m.group(2) and not m.group(3)) or m.group(3) == "b":
-        raise argparse.ArgumentTypeError(
-            f"expected a rate in bits/s like 10gbit, 25Gbit/s, 100mbit or 1e9, got {text!r}")
-    v = float(m.group(1)) * {"": 1, "k": 1e3, "m": 1e6, "g": 1e9, "t": 1e12}[m.group(2).lower()]
-    if not math.isfinite(v) or v <= 0:
-        raise argparse.ArgumentTypeError(f"rate must be > 0, got {text!r}")
-    return v / 8.0
-
-
-def parse_duration(text: str) -> float:
-    """``5us``, ``0.1ms``, ``0``, ``1e-6`` (seconds) -> seconds."""
-    m = _TIME_RE.match(str(text))
-    if not m:
-        raise argparse.ArgumentTypeError(
-            f"expected a duration like 5us, 0.1ms, 0.002s or 1e-6 (seconds), got {text!r}")
-    v = float(m.group(1)) * {"s": 1, "": 1, "ms": 1e-3, "us": 1e-6, "ns": 1e-9}[
-        (m.group(2) or "").lower()]
-    if not math.isfinite(v):
-        raise argparse.ArgumentTypeError(f"duration must be finite, got {text!r}")
-    return v
+_rate = units.arg(units.parse_rate_bytes_per_s)          # the engine computes in bytes/s
+_duration = units.arg(units.parse_duration_s)
 
 
 def _int_list(text):
@@ -106,9 +78,9 @@ def build_parser() -> argparse.ArgumentParser:
       help="jobs sharing the link (default 2)")
     a("--workers", type=units.arg(units.parse_int, 1), default=8,
       help="workers (ranks) per job (default 8)")
-    a("--bandwidth", type=parse_rate, default=parse_rate("10gbit"),
-      help="link rate in bits/s: 10gbit, 25Gbit/s, 100mbit (default 10gbit)")
-    a("--latency", type=parse_duration, default=5e-6,
+    a("--bandwidth", type=_rate, default=_rate("10gbit"),
+      help="link rate in bits/s: 10gbit, 25gbit, 100mbit, 1e9 (default 10gbit)")
+    a("--latency", type=_duration, default=5e-6,
       help="per ring-hop latency, e.g. 5us (default); a message costs 2(N-1) of them")
     a("--topology", choices=TOPOLOGIES, default="nic",
       help="nic: one link per worker (cluster); bus: all ranks cross one link "
@@ -125,14 +97,14 @@ def build_parser() -> argparse.ArgumentParser:
       help=f"effective compute throughput for built-in models (default {DEFAULT_TFLOPS:g})")
     a("--compute-scale", type=_float_range(0, lo_open=True), default=1.0,
       help="multiply every compute time (e.g. to set the compute/comm ratio)")
-    a("--cycle-time", type=parse_duration, default=1e-3, help="Horovod cycle time (default 1ms)")
+    a("--cycle-time", type=_duration, default=1e-3, help="Horovod cycle time (default 1ms)")
     a("--fusion-threshold", type=_bytes, default=128 * 1024 * 1024,
       help="Horovod fusion buffer (default 128MiB)")
     a("--arbiter-order", choices=Arbiter.ORDERS, default="burst",
       help="the product arbiter's cross-job order (its --order; default burst)")
     a("--arbiter-credit", type=_bytes, default=8 * 1024 * 1024,
       help="granted-but-unfinished bytes per link (default 8MiB, the arbiter's default)")
-    a("--arbiter-class-reserve", type=class_reserve_arg, default=0.0,
+    a("--arbiter-class-reserve", type=units.arg(units.parse_class_reserve), default=0.0,
       help="share of the link credit kept free for the highest connected job class "
            "(the arbiter's --class-reserve; default 0 = off, its default)")
     a("--starvation-bound", type=units.arg(units.parse_int, 0), default=8,
@@ -140,12 +112,12 @@ def build_parser() -> argparse.ArgumentParser:
     a("--overlap", action="store_true",
       help="barrier crossing (hvd.overlap) in the priority modes: the next step's forward "
            "starts on layers already reduced; fifo stays plain Horovod")
-    a("--step-overhead", type=parse_duration, default=0.0,
+    a("--step-overhead", type=_duration, default=0.0,
       help="fixed time added to every step (optimizer apply, input pipeline)")
-    a("--collective-overhead", type=parse_duration, default=0.0,
+    a("--collective-overhead", type=_duration, default=0.0,
       help="time every collective costs before it occupies the link (Horovod's negotiation, "
            "per-op work; benchmarks.sim_check --calibrate measures it on the testbed)")
-    a("--arbiter-rtt", type=parse_duration, default=0.0,
+    a("--arbiter-rtt", type=_duration, default=0.0,
       help="job <-> arbiter round trip added to every grant (arbiter modes)")
     g = p.add_argument_group("priority / policy knobs (PriorityConfig fields; defaults from it)")
     for flag, field_ in (("--num-groups", "num_groups"), ("--count-threshold", "count_threshold"),

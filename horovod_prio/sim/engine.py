@@ -28,7 +28,7 @@ Model (see docs/sim.md for the discussion):
   collective at a time). A released chunk is one ``HorovodAllreduce`` tensor
   like any gradient: chunks released in the same cycle share a collective.
 * **Priority release** (``priority``, ``arbiter``, ``adaptive``): the chunks
-  are the product's chunk plan (:func:`horovod_prio.method.plan.make_plan`,
+  are the product's chunk plan (:func:`horovod_prio.method.plan.step_plan`,
   the one the TensorFlow binding builds its graph from); a chunk is ready when
   the last layer it covers is. Each job drives its own instance of the
   product's C++ release scheduler (:class:`horovod_prio.scheduler.Scheduler`,
@@ -75,7 +75,7 @@ from typing import Callable, Dict, List, Optional, Sequence
 
 from ..arbiter.core import Arbiter
 from ..method.config import PriorityConfig
-from ..method.plan import TensorSpec, make_plan
+from ..method.plan import step_plan
 from ..method.sequence import base_priorities
 from ..scheduler import UNLIMITED, Scheduler
 from .profiles import Profile
@@ -351,20 +351,21 @@ class _Job:
         self.policy = None
         self.sched = None
         if mode != "fifo":
-            groups = pcfg.make_groups(len(sizes))
-            self.base = tuple(base_priorities(len(groups)))
-            if mode == "adaptive":
-                self.policy = pcfg.make_policy(len(groups))
-            # The product's chunk plan (one tensor per layer), chunk size and
+            # The product's chunk plan (its groups, chunk size and credit) and
             # release scheduler.
-            partition = pcfg.partition_bytes_for(sum(sizes))
-            credit = pcfg.overlap_credit_bytes(partition) if spec.overlap else pcfg.credit_bytes
-            plan = make_plan([TensorSpec(p // prof.dtype_bytes, "float", prof.dtype_bytes)
-                              for p in sizes], [[i] for i in range(len(sizes))], groups,
-                             partition, prefix="job%d" % idx,
-                             split_tensors=pcfg.splits_tensors(credit, arbiter is not None))
-            self.chunks = [(ready[c.last_tensor], c.group, c.name, c.nbytes) for c in plan.chunks]
+            tensors, tasks = prof.gradients()
+            step = step_plan(tensors, tasks, pcfg, overlap=bool(spec.overlap),
+                             arbiter=arbiter is not None)
+            credit = step.credit_bytes
+            plan = step.plan("job%d" % idx)
+            # gradient -> its task (backprop order)
+            self.task_of = {t: k for k, task in enumerate(tasks) for t in task}
+            self.chunks = [(ready[self.task_of[c.last_tensor]], c.group, c.name, c.nbytes)
+                           for c in plan.chunks]
             self.plan = plan
+            self.base = tuple(base_priorities(len(plan.groups)))
+            if mode == "adaptive":
+                self.policy = pcfg.make_policy(len(plan.groups))
             self.sched = Scheduler()
             self.sched.configure(UNLIMITED if credit is None else credit, True)
             if arbiter is not None:
@@ -394,12 +395,14 @@ class _Job:
             self.step_left: Dict[int, int] = {}          # step -> chunks not done
             self.ticket_step: Dict[int, tuple] = {}
             self.step_prios: Dict[int, tuple] = {}
-            # tensor (= task, backprop order) -> how many chunks hold a piece of it,
+            # task (backprop order) -> how many chunks hold a piece of it,
             # and chunk -> the tasks it holds pieces of
-            pieces = self.plan.pieces()
-            self.task_nchunks = [len({c for c, _ in pieces[t]}) for t in range(nt)]
-            self.chunk_tasks = [sorted({seg.tensor for seg in c.segments})
+            self.chunk_tasks = [sorted({self.task_of[seg.tensor] for seg in c.segments})
                                 for c in self.plan.chunks]
+            self.task_nchunks = [0] * nt
+            for held in self.chunk_tasks:
+                for k in held:
+                    self.task_nchunks[k] += 1
             self.fwd_wait = None
         # horovod engine state
         self.hq: List = []

@@ -14,6 +14,10 @@ JSON format (``format`` = :data:`PROFILE_FORMAT`), written by
      "layers": [{"name": "conv1", "params": 9472,
                  "forward_s": 0.0012, "backward_s": 0.0024}, ...]}
 
+A layer may list ``"tensors"``: its gradients' element counts in variable
+order (kernel, bias, ...), as the binding cuts them; without it the layer is
+one gradient of ``params`` elements.
+
 Built-in tables (:data:`BUILTIN`) are computed from the published
 architectures (exact trainable parameter counts: ResNet-50 25,557,032,
 VGG-16 138,357,544, BERT-base + 2-way classifier 109,483,778) and a FLOP count
@@ -30,16 +34,27 @@ import os
 from dataclasses import dataclass
 from typing import Dict, List, Sequence, Tuple
 
+from ..method.plan import TensorSpec
+
 PROFILE_FORMAT = "horovod_prio.sim.profile/1"
 DEFAULT_TFLOPS = 10.0
 
 
 @dataclass(frozen=True)
 class Layer:
+    """``tensors``: the element counts of the layer's gradients in variable
+    order, as the binding sees them (e.g. kernel, bias); empty: one gradient
+    of ``params`` elements."""
+
     name: str
     params: int
     forward_s: float
     backward_s: float
+    tensors: Tuple[int, ...] = ()
+
+    @property
+    def gradients(self) -> Tuple[int, ...]:
+        return self.tensors or ((self.params,) if self.params > 0 else ())
 
 
 @dataclass(frozen=True)
@@ -76,20 +91,38 @@ class Profile:
     def num_tasks(self) -> int:
         return sum(1 for layer in self.layers if layer.params > 0)
 
+    def gradients(self) -> Tuple[List[TensorSpec], List[List[int]]]:
+        """``(tensors, tasks)`` as the binding builds them for the same model
+        (:func:`horovod_prio.tensorflow.fusion.layer_tasks`): the gradients in
+        forward variable order, one task per layer with parameters, in
+        backprop order (task 0 is the output-side layer)."""
+        dtype = "float%d" % (8 * self.dtype_bytes)
+        tensors: List[TensorSpec] = []
+        tasks: List[List[int]] = []
+        for layer in self.layers:
+            if layer.params > 0:
+                tasks.append([len(tensors) + i for i in range(len(layer.gradients))])
+                tensors += [TensorSpec(n, dtype, self.dtype_bytes) for n in layer.gradients]
+        tasks.reverse()
+        return tensors, tasks
+
     def scaled(self, factor: float) -> "Profile":
         """Same sizes, compute times multiplied by ``factor`` (> 0)."""
         if not (isinstance(factor, numbers.Real) and math.isfinite(factor) and factor > 0):
             raise ValueError(f"compute scale must be a finite number > 0, got {factor!r}")
         return Profile(self.name, tuple(Layer(l.name, l.params, l.forward_s * factor,
-                                              l.backward_s * factor) for l in self.layers),
+                                              l.backward_s * factor, l.tensors)
+                                        for l in self.layers),
                        self.batch_size, self.dtype_bytes, self.source)
 
     def as_dict(self) -> Dict:
         return {"format": PROFILE_FORMAT, "name": self.name, "source": self.source,
                 "batch_size": self.batch_size, "dtype_bytes": self.dtype_bytes,
                 "params": self.params,
-                "layers": [{"name": l.name, "params": l.params, "forward_s": l.forward_s,
-                            "backward_s": l.backward_s} for l in self.layers]}
+                "layers": [dict({"name": l.name, "params": l.params, "forward_s": l.forward_s,
+                                 "backward_s": l.backward_s},
+                                **({"tensors": list(l.tensors)} if l.tensors else {}))
+                           for l in self.layers]}
 
 
 def profile_from_dict(d: Dict, where: str = "profile") -> Profile:
@@ -117,7 +150,14 @@ def profile_from_dict(d: Dict, where: str = "profile") -> Profile:
                 raise ValueError(
                     f"{where}: layers[{i}].{key} must be a finite number >= 0, got {v!r}")
             times.append(float(v))
-        out.append(Layer(str(l.get("name", f"layer{i}")), int(p), times[0], times[1]))
+        ts = l.get("tensors", [])
+        if (not isinstance(ts, list) or any(isinstance(n, bool) or not isinstance(n, numbers.Integral)
+                                            or n < 0 for n in ts)
+                or (ts and sum(ts) != p)):
+            raise ValueError(f"{where}: layers[{i}].tensors must be a list of integers >= 0 "
+                             f"adding up to params ({p}), got {ts!r}")
+        out.append(Layer(str(l.get("name", f"layer{i}")), int(p), times[0], times[1],
+                         tuple(int(n) for n in ts)))
     if not any(l.params > 0 for l in out):
         raise ValueError(f"{where}: no layer has params > 0 (nothing to communicate)")
     db = d.get("dtype_bytes", 4)

@@ -32,7 +32,6 @@ import sys
 from dataclasses import replace
 from typing import Dict, List, Optional
 
-from ..arbiter.cli import class_reserve_arg
 from ..method import units
 from ..method.config import PriorityConfig
 from .engine import JobSpec, LinkConfig, SimResult, comm_floor, simulate, window_steps
@@ -250,27 +249,28 @@ def _scenario_list(text):
 
 
 def main(argv=None) -> int:
-    from .cli import parse_duration, parse_rate
+    duration = units.arg(units.parse_duration_s)
     p = argparse.ArgumentParser(prog="python -m horovod_prio.sim.scenarios",
                                 description=__doc__.split("\n\n")[0])
     p.add_argument("--model", default="resnet50",
                    help="builtin (%s) or a profile JSON path" % ", ".join(sorted(BUILTIN)))
     p.add_argument("--jobs", type=units.arg(units.parse_int, 2), default=2)
     p.add_argument("--workers", type=units.arg(units.parse_int, 2), default=8)
-    p.add_argument("--bandwidth", type=parse_rate, default="25gbit", help="e.g. 1gbit, 25gbit")
+    p.add_argument("--bandwidth", type=units.arg(units.parse_rate_bytes_per_s), default="25gbit",
+                   help="e.g. 1gbit, 25gbit")
     p.add_argument("--topology", choices=("nic", "bus"), default="nic")
     p.add_argument("--scenarios", type=_scenario_list, default="identical,classes,join",
                    help="comma-separated: %s" % ",".join(SCENARIOS))
     p.add_argument("--steps", type=units.arg(units.parse_int, 10), default=40)
-    p.add_argument("--collective-overhead", type=parse_duration, default=0.0, metavar="T",
+    p.add_argument("--collective-overhead", type=duration, default=0.0, metavar="T",
                    help="per-collective cost before it occupies the link (e.g. 6ms; default 0)")
-    p.add_argument("--arbiter-rtt", type=parse_duration, default=0.0, metavar="T",
+    p.add_argument("--arbiter-rtt", type=duration, default=0.0, metavar="T",
                    help="job <-> arbiter round trip per grant (default 0)")
     p.add_argument("--arbiter-credit", type=units.arg(units.parse_bytes, 1),
                    default=LinkConfig.arbiter_credit, metavar="N",
                    help="granted-but-unfinished bytes on the link (the arbiter's "
                         "--credit-bytes; default 8MiB, its default)")
-    p.add_argument("--arbiter-class-reserve", type=class_reserve_arg,
+    p.add_argument("--arbiter-class-reserve", type=units.arg(units.parse_class_reserve),
                    default=LinkConfig.arbiter_class_reserve,
                    metavar="F", help="share of the credit kept free for the highest connected "
                    "class (the arbiter's --class-reserve; default 0 = off, its default)")

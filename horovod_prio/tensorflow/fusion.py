@@ -30,7 +30,7 @@ import logging
 import tensorflow as tf
 import horovod.tensorflow as _hvd
 
-from horovod_prio.method.plan import TensorSpec, make_plan
+from horovod_prio.method.plan import TensorSpec, step_plan
 from horovod_prio.method.sequence import base_priorities
 from horovod_prio.runtime import get_runtime
 from horovod_prio.tensorflow import ops
@@ -57,6 +57,17 @@ def layer_tasks(variables):
         last_key = key
     tasks.reverse()
     return tasks
+
+
+def plan_step(variables, flats, config, overlap=False):
+    """The :func:`~horovod_prio.method.plan.step_plan` of the 1-D gradients
+    ``flats`` (static sizes) of ``variables`` (in the optimizer's order; None
+    for unnamed ones): one task per layer (:func:`layer_tasks`). The
+    synchronous path and ``hvd.overlap`` (``overlap=True``) both build their
+    chunks from it; the simulator builds the same plan from a profile of the
+    model (``tests/tf/test_step_plan.py``)."""
+    specs = [TensorSpec(int(f.shape[0]), f.dtype.name, f.dtype.size) for f in flats]
+    return step_plan(specs, layer_tasks(variables), config, overlap=overlap)
 
 
 def _identity_key(variables, grads):
@@ -198,19 +209,15 @@ class PriorityAllreduce:
             if f.shape[0] is None:
                 raise ValueError("horovod_prio: gradient sizes must be static (unknown size of %s)"
                                  % g.name)
-        tasks = layer_tasks(variables if variables is not None else [None] * len(grads))
-        groups = self.config.make_groups(len(tasks))
         key = _identity_key(variables, grads)
-        specs = [TensorSpec(int(f.shape[0]), f.dtype.name, f.dtype.size) for f in flats]
-        step_bytes = sum(t.nelems * t.itemsize for t in specs)
-        partition = self.config.partition_bytes_for(step_bytes)
+        step = plan_step(variables if variables is not None else [None] * len(grads), flats,
+                         self.config)
+        groups = step.groups
         name, monitor = runtime.identity(
             self.name, key, self.config, len(groups),
             ops.StepClock.get() if self.config.monitor else None,
-            step_bytes=step_bytes, partition_bytes=partition)
-        split = self.config.splits_tensors(self.config.credit_bytes,
-                                           self.config.arbiter is not None)
-        plan = make_plan(specs, tasks, groups, partition, prefix=name, split_tensors=split)
+            step_bytes=step.step_bytes, partition_bytes=step.partition_bytes)
+        plan = step.plan(name)
         if monitor is not None:
             priorities = ops.step_begin(monitor.slot, len(groups))
         else:  # fixed priorities, no step timing

@@ -11,7 +11,7 @@ How it works (details in docs/overlap.md):
 
 * **Training call** (one tf.function call of the step). The optimizer's
   gradient allreduce is replaced: every chunk of the priority plan
-  (:func:`horovod_prio.method.plan.make_plan`, same names as the synchronous
+  (:func:`horovod_prio.method.plan.step_plan`, same names as the synchronous
   path) is compressed and *posted* (``HvdPrioOverlapPost``) into a
   process-wide mailbox (a *channel*, C++ ``kernels/overlap.cc``) together
   with what the update needs from this call: the optimizer's ``iterations``,
@@ -44,11 +44,10 @@ import tensorflow as tf
 import horovod.tensorflow as _hvd
 from tensorflow.python.framework.func_graph import FuncGraph
 
-from horovod_prio.method.plan import TensorSpec, make_plan
 from horovod_prio.runtime import get_runtime
 from horovod_prio.runtime.overlap import OverlapWorker, trace_events
 from horovod_prio.tensorflow import ops
-from horovod_prio.tensorflow.fusion import PriorityAllreduce, _identity_key, layer_tasks
+from horovod_prio.tensorflow.fusion import PriorityAllreduce, _identity_key, plan_step
 
 __all__ = ["overlap", "flush", "OverlapError", "Channel", "channels", "stats"]
 
@@ -57,7 +56,6 @@ log = logging.getLogger("horovod_prio")
 _lock = threading.RLock()
 _lib = None
 _tf_ops = None
-_states = []           # every _OverlapState of the process (flush())
 _event_source = [False]
 
 EAGER_MSG = (
@@ -260,7 +258,8 @@ def _graph_chain():
 
 # FuncGraph -> what overlap added to it: names of its wait ops by (channel, task), the
 # channels that began a step in it, ids of the gradients the optimizer reduced in it.
-# (Values hold no reference to the graph, so an entry goes with its graph.)
+# (Values hold no reference to the graph, so an entry goes with its graph.) Not the
+# runtime's: the graph substitution's bookkeeping, per TF graph, gone with it.
 _graph_states = weakref.WeakKeyDictionary()
 
 
@@ -354,20 +353,15 @@ class _Pipeline:
             if not s.is_fully_defined():
                 raise ValueError("hvd.overlap: gradient of %s has no static shape %s" % (v.name, s))
         self.ctxs = ctxs
-        self.tasks = layer_tasks(self.variables)
-        groups = base.config.make_groups(len(self.tasks))
         key = ("overlap",) + _identity_key(self.variables, grads)
-        specs = [TensorSpec(int(f.shape[0]), f.dtype.name, f.dtype.size) for f in flats]
-        partition = base.config.partition_bytes_for(sum(t.nelems * t.itemsize for t in specs))
-        self.name, self.monitor = runtime.identity(base.name, key, base.config, len(groups),
+        step = plan_step(self.variables, flats, base.config, overlap=True)
+        self.tasks = step.tasks
+        self.name, self.monitor = runtime.identity(base.name, key, base.config, len(step.groups),
                                                    ops.StepClock.get(),
-                                                   partition_bytes=partition)
-        self.num_groups = len(groups)
-        cfg = base.config
-        split = cfg.splits_tensors(cfg.overlap_credit_bytes(partition), cfg.arbiter is not None)
-        self.plan = make_plan(specs, self.tasks, groups, partition, prefix=self.name,
-                              split_tensors=split)
-        runtime.use_overlap_credit(base.config, partition)
+                                                   partition_bytes=step.partition_bytes)
+        self.num_groups = len(step.groups)
+        self.plan = step.plan(self.name)
+        runtime.use_overlap_credit(step.credit_bytes)
         self.hypers = _hyper_variables(opt, state.legacy)
         # slots: iterations, priorities, hyperparameters, then the chunks
         self.meta = [("iterations", tf.int64, []), ("priorities", tf.int32, [self.num_groups])]
@@ -782,7 +776,7 @@ def _attach(opt):
         object.__setattr__(opt, "_allreduce", st.recording_allreduce)
         object.__setattr__(opt, "_hvdprio_overlap", st)
         base.overlap_attached = True
-        _states.append(st)
+        get_runtime().add_overlap_state(st)
     return st
 
 
@@ -922,6 +916,7 @@ class _ModelHooks:
                 cb_list = cbs.callbacks
             else:
                 cb_list = [cbs]
+            # (imported here: the keras package imports this module)
             restore = _guard_callbacks(cb_list, self.flush)
             first = _FlushAtEpochEnd(self.flush)
             if hasattr(cbs, "callbacks") and not isinstance(cbs, (list, tuple)):
@@ -980,16 +975,13 @@ def overlap(model, optimizer=None):
     return model
 
 
-_warned_threads = [False]
-
-
 def _warn_one_inter_op_thread():
     """With one TF inter-op thread the background update of step k can only run
     when the training call of step k+1 leaves the thread: the math is the same,
     the overlap is gone. Said once per process (TF's default, 0, picks per core)."""
-    if _warned_threads[0] or tf.config.threading.get_inter_op_parallelism_threads() != 1:
+    if tf.config.threading.get_inter_op_parallelism_threads() != 1 \
+            or not get_runtime().first_time("overlap with one inter-op thread"):
         return
-    _warned_threads[0] = True
     log.warning("horovod_prio: hvd.overlap with 1 TensorFlow inter-op thread: the background "
                 "update cannot run beside the training call, so steps do not overlap (same "
                 "math); set tf.config.threading.set_inter_op_parallelism_threads(2) or more")
@@ -1001,7 +993,7 @@ def flush(target=None, timeout=None):
     wait, no collective. Raises :class:`OverlapError` if a step failed, and
     ``TimeoutError`` after ``timeout`` seconds."""
     if target is None:
-        states = list(_states)
+        states = list(get_runtime().overlap_states)
     elif isinstance(target, tf.keras.Model):
         hooks = target.__dict__.get("_hvdprio_overlap_hooks")
         states = hooks.states() if hooks is not None else []
@@ -1014,7 +1006,8 @@ def flush(target=None, timeout=None):
 
 def channels():
     """The overlap channels of this process (for tests and tools)."""
-    return [p.channel for st in list(_states) for p in list(st.pipelines.values())]
+    return [p.channel for st in list(get_runtime().overlap_states)
+            for p in list(st.pipelines.values())]
 
 
 def stats():

@@ -28,7 +28,7 @@ def test_arguments_and_defaults():
     (["--pairs", "0"], "--pairs: expected an integer >= 1"),
     (["--threads", "x"], "--threads"),
     (["--pin", "core"], "--pin: invalid choice"),
-    (["--rate", "fast"], "--rate: invalid rate"),
+    (["--rate", "fast"], "--rate: rate must be a rate"),
     (["--rank-cgroup", "huge"], "--rank-cgroup: rank cgroup 'huge': unknown kind"),
     (["--rank-cgroup", "custom,cpu=0"], "cpu must be a finite number > 0"),
     (["--rank-cgroup", "custom"], "sets no limit"),

@@ -30,7 +30,7 @@ def test_defaults():
     (["--ns-addr", "169.254.78.2/30"], "same subnet"),
     (["--ns-addr", "169.254.77.1/30"], "same subnet"),
     (["--arbiter-credit", "lots"], "4MiB"),
-    (["--rate", "fast"], "invalid rate"),
+    (["--rate", "fast"], "rate must be a rate > 0 in bits/s"),
     (["--repeats", "0"], "integer >= 1"),
     (["--prio-env", "FOO=1"], "HOROVOD_PRIO_"),
     (["--starvation-bound", "-1"], "--starvation-bound"),

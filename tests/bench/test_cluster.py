@@ -5,7 +5,7 @@ import json
 
 import pytest
 
-from benchmarks import cluster, testbed
+from benchmarks import cluster, report, testbed
 from benchmarks.cluster import parse_job
 
 
@@ -83,12 +83,12 @@ def test_variants():
     assert cluster.variants_to_run(specs, ["hvd", "prio", "spec"]) == ["hvd", "prio", "spec"]
     # without arb jobs "prio" is the same job list as "spec": run once
     assert cluster.variants_to_run([parse_job("prio")] * 2, ["prio", "spec"]) == ["hvd", "prio"]
-    assert [cluster.job_label(d) for d in specs] == ["arb(c1)", "hvd@5s"]
+    assert [report.cluster_job_label(d) for d in specs] == ["arb(c1)", "hvd@5s"]
     # barrier crossing stays in the prio variant, never reaches plain Horovod
     ov = [parse_job("arb,overlap")]
     assert [d["overlap"] for d in cluster.variant_jobs(ov, "hvd")] == [False]
     assert [(d["impl"], d["overlap"]) for d in cluster.variant_jobs(ov, "prio")] == [("prio", True)]
-    assert cluster.job_label(ov[0]) == "arb+ov"
+    assert report.cluster_job_label(ov[0]) == "arb+ov"
 
 
 def test_plan_interleaves_and_rotates():
@@ -206,7 +206,7 @@ def _results():
 def test_worst_job_is_the_largest_slowdown_not_the_last_job():
     res = _results()
     res["runs"] = [_run("hvd", 0, 0.5, 0.5), _run("spec", 0, 0.55, 0.4, arb=True)]
-    rows, _ = cluster.summarize(res)
+    rows, _ = report.cluster_summarize(res)
     by = {r["variant"]: r for r in rows}
     assert by["spec"]["worst_job_change"] == pytest.approx(0.1)     # job0: 0.55 vs 0.5
 
@@ -225,21 +225,21 @@ def test_recovery_of_the_job_that_ran_alone_counts_steps_from_the_join():
             t += sec
         r["jobs"][0]["steps"] = steps
         return r
-    st = cluster.run_stats(run(0, [0.8, 0.7, 0.43]))
+    st = report.cluster_run_stats(run(0, [0.8, 0.7, 0.43]))
     assert st["jobs"][0]["median_alone"] == pytest.approx(0.4)
     assert (st["jobs"][0]["recovery"], st["jobs"][1]["recovery"]) == (3, None)
     late = run(0, [0.8, 0.7, 0.43])                 # B outlasts A: B has alone steps too,
     late["jobs"][1] = _job("job1", "arb@2s", "prio", ["a2", "b2"], 0.5, 2.0, n=30)
-    st = cluster.run_stats(late)                    # but it did not run before the join
+    st = report.cluster_run_stats(late)                    # but it did not run before the join
     assert st["jobs"][1]["n_alone"] > 0 and st["jobs"][1]["recovery"] is None
     res = _results()
     res["runs"] = [_run("hvd", 0, 0.5, 0.5), run(0, [0.8, 0.7, 0.43]),
                    _run("hvd", 1, 0.5, 0.5), run(1, [0.9] * 8, tail=())]
-    _, jrows = cluster.summarize(res)
+    _, jrows = report.cluster_summarize(res)
     by = {(j["variant"], j["job"]): j for j in jrows}
     assert by[("spec", "job0")]["recovery"] == [3, None]
     assert by[("spec", "job1")]["recovery"] is None
-    md = cluster.markdown(res)
+    md = report.cluster_markdown(res)
     assert "| recovery, per repeat |" in md and "| 3 / never |" in md
 
 
@@ -250,13 +250,13 @@ def test_jobs_started_together_have_no_recovery():
     r = _run("spec", 0, 0.5, 0.5, arb=True)
     r["jobs"][0] = _job("job0", "arb", "prio", ["a1", "b1"], 0.5, 0.0, n=12)
     r["jobs"][1] = _job("job1", "arb", "prio", ["a2", "b2"], 0.5, 0.005, n=6)
-    st = cluster.run_stats(r)
+    st = report.cluster_run_stats(r)
     assert st["window"] and st["jobs"][0]["n_alone"] > 0          # job0 outlasts job1
     assert [j["recovery"] for j in st["jobs"]] == [None, None]
 
 
 def test_run_stats_shared_window_alone_steps_and_uplink_share():
-    st = cluster.run_stats(_run("spec", 0, 0.4, 0.5, arb=True))
+    st = report.cluster_run_stats(_run("spec", 0, 0.4, 0.5, arb=True))
     # job1 joins 2 s later: the shared window starts at its first measured step
     assert st["window"] == pytest.approx((T0 + 2.0, T0 + 4.8))
     j0, j1 = st["jobs"]
@@ -275,7 +275,7 @@ def test_run_stats_shared_window_alone_steps_and_uplink_share():
     old = _run("spec", 0, 0.4, 0.5, arb=True)       # a record from before the core counters
     for smp in old["uplink_samples"]:
         del smp["cpu"]
-    assert cluster.run_stats(old)["cores"] is None
+    assert report.cluster_run_stats(old)["cores"] is None
 
 
 def test_proc_stat_per_core_counters():
@@ -288,7 +288,7 @@ def test_proc_stat_per_core_counters():
 
 def test_summary_ratios_against_hvd_of_the_same_repeat_and_report(tmp_path, monkeypatch):
     res = _results()
-    rows, jrows = cluster.summarize(res)
+    rows, jrows = report.cluster_summarize(res)
     by = {r["variant"]: r for r in rows}
     assert by["hvd"]["speedup"] == pytest.approx(1.0)
     assert by["spec"]["speedup"] == pytest.approx(0.5 / 0.45)
@@ -299,7 +299,7 @@ def test_summary_ratios_against_hvd_of_the_same_repeat_and_report(tmp_path, monk
     j = {(x["variant"], x["job"]): x for x in jrows}
     assert j[("spec", "job0")]["vs_hvd"] == pytest.approx(0.5 / 0.4)
     assert j[("spec", "job0")]["median_alone"] == pytest.approx(0.4)
-    md = cluster.markdown(res)
+    md = report.cluster_markdown(res)
     assert "| spec | arb + arb@2s | 0.400 / 0.500 | 0.450 |" in md
     assert "1.11×" in md and "80% / 40%" in md and "50/100" in md and "| 60% |" in md
     assert "| 1.11× (1.11–1.11) |" in md     # median, then the per-repeat spread

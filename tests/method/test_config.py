@@ -433,3 +433,35 @@ def test_gradients_are_cut_only_where_a_chunk_can_be_held_back():
     assert d.splits_tensors(8 << 20, False)           # a credit holds chunks back
     assert d.splits_tensors(None, True)               # so does an arbiter's grant
     assert PriorityConfig.from_env({}, autotune=True).splits_tensors(None, False)  # tuned credit
+
+
+# ------------------------------------------------------- one declaration per field
+def test_docs_configuration_table_is_the_one_generated_from_the_fields():
+    """docs/usage.md's table is tools/config_table.py's output: a field added,
+    renamed, re-defaulted or re-documented in config.py without regenerating
+    the docs (or a row edited by hand) fails here."""
+    from tools import config_table
+    with open(config_table.DOC) as f:
+        _, body, _ = config_table.split(f.read())
+    assert body == config_table.table()
+    assert config_table.main(["--check"]) == 0
+    for name in DEFAULTS:
+        row = "| `%s` | `%s` |" % (name, PriorityConfig.env_var(name))
+        assert sum(line.startswith(row) for line in body.splitlines()) == 1
+
+
+def test_derived_views_of_the_field_declarations():
+    """The parsers, the fields that may be None, the process-wide fields and
+    the docstring's table all come from the one declaration per field."""
+    from horovod_prio.method import config
+    from horovod_prio import runtime
+    assert set(config._PARSERS) == set(DEFAULTS)
+    assert config._OPTIONAL == {n for n, v in DEFAULTS.items() if v is None}
+    assert runtime.PROCESS_FIELDS is config.PROCESS_FIELDS
+    assert set(config.PROCESS_FIELDS) == {
+        "credit_bytes", "autotune", "trace_path", "arbiter", "link", "job_id",
+        "arbiter_secret", "arbiter_secret_file", "arbiter_timeout", "job_priority"}
+    for name in DEFAULTS:
+        assert config.__doc__.count("\n    %s " % name) == 1, name
+    assert "arbiter_secret" not in repr(PriorityConfig.from_env({}, arbiter_secret="s2")) \
+        .replace("arbiter_secret_file", "")

@@ -105,3 +105,29 @@ def test_every_element_is_sent_exactly_once_within_the_partition_size(sizes, n_g
     # each chunk holds tensors of one group only
     group_of = plan.group_of_tensor()
     assert all(group_of[s.tensor] == c.group for c in plan.chunks for s in c.segments)
+
+
+def test_step_plan_takes_chunk_size_credit_and_cuts_from_the_config():
+    """step_plan: the one place that turns a config into a step's plan (the
+    binding's and the simulator's): chunk size partition_bytes_for, credit
+    credit_bytes or, under hvd.overlap, overlap_credit_bytes, gradients cut
+    only where a chunk can be held back."""
+    from horovod_prio.method.config import PriorityConfig
+    from horovod_prio.method.plan import step_plan
+    specs = [TensorSpec(3 << 18), TensorSpec(1 << 18), TensorSpec(12 << 18)]   # 16 MiB
+    tasks = [[2], [1], [0]]
+    d = step_plan(specs, tasks, PriorityConfig.from_env({}))
+    assert (d.step_bytes, d.partition_bytes, d.credit_bytes, d.split_tensors) == \
+        (16 << 20, 2 << 20, None, False)
+    assert d.groups == tuple(tuple(g) for g in PriorityConfig.from_env({}).make_groups(3))
+    assert d.plan("x") == make_plan(specs, tasks, d.groups, 2 << 20, prefix="x",
+                                    split_tensors=False)
+    o = step_plan(specs, tasks, PriorityConfig.from_env({}), overlap=True)
+    assert (o.credit_bytes, o.split_tensors) == (2 << 20, True)      # one chunk
+    given = PriorityConfig.from_env({}, credit_bytes="8MiB")
+    assert step_plan(specs, tasks, given, overlap=True).credit_bytes == 8 << 20
+    assert step_plan(specs, tasks, given).split_tensors
+    assert step_plan(specs, tasks, PriorityConfig.from_env({}), arbiter=True).split_tensors
+    arb = PriorityConfig.from_env({}, arbiter="h:1", link="l", arbiter_secret="s")
+    assert step_plan(specs, tasks, arb).split_tensors
+    assert not step_plan(specs, tasks, arb, arbiter=False).split_tensors

@@ -60,3 +60,37 @@ def test_the_same_rules_on_the_command_lines_and_in_env_vars():
         assert arbiter_cli.build_parser().parse_args(
             ["--bind", "127.0.0.1:0", "--credit-bytes", text]).credit_bytes == value
         assert sim_cli.build_parser().parse_args(["--arbiter-credit", text]).arbiter_credit == value
+
+
+def test_rates_are_read_as_tc_reads_them_in_the_unit_the_name_says():
+    from horovod_prio.method.units import parse_rate_bits_per_s, parse_rate_bytes_per_s
+    assert parse_rate_bits_per_s("300mbit") == 3e8
+    assert parse_rate_bits_per_s("2.5Gbit") == 2.5e9
+    assert parse_rate_bits_per_s("1e9") == 1e9            # tc: a bare number is bits/s
+    assert parse_rate_bytes_per_s("10gbit") == 10e9 / 8
+    for bad in ("100mbps", "1gbit/s", "0", "-1gbit", "fast", "", 1e9):
+        with pytest.raises(units.BadValue, match="bits/s"):
+            parse_rate_bits_per_s(bad)
+
+
+def test_durations_in_seconds_and_the_tc_form():
+    from horovod_prio.method.units import parse_duration_s
+    assert parse_duration_s("5us") == 5 * 1e-6
+    assert parse_duration_s("0.1ms") == 0.1 * 1e-3
+    assert parse_duration_s("2") == 2.0 and parse_duration_s("0") == 0.0
+    assert parse_duration_s("50ms", tc=True) == 50 * 1e-3
+    for bad, tc in (("5", True), ("5ns", True), ("soon", False), ("-1ms", False), ("1h", False)):
+        with pytest.raises(units.BadValue, match="duration"):
+            parse_duration_s(bad, tc=tc)
+
+
+def test_burst_sizes_and_the_class_reserve():
+    from horovod_prio.method.units import parse_burst_bytes, parse_class_reserve
+    assert parse_burst_bytes("1mb") == 1 << 20 and parse_burst_bytes("256kb") == 256 << 10
+    assert parse_burst_bytes("64kbit") == 8000
+    with pytest.raises(units.BadValue, match="tc size"):
+        parse_burst_bytes("lots")
+    assert parse_class_reserve("0.25") == 0.25 and parse_class_reserve(0) == 0.0
+    for bad in ("1", "-0.1", "half", "nan", True, None):
+        with pytest.raises(units.BadValue, match=r"share of the credit in \[0, 1\)"):
+            parse_class_reserve(bad)

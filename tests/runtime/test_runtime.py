@@ -82,8 +82,8 @@ def test_overlap_sets_the_default_credit_unless_one_was_given(caplog):
         rt.setup(cfg(), rank=rank, size=2)
         assert rt.scheduler.stats()["credit_bytes"] == UNLIMITED
         with caplog.at_level(logging.INFO, logger="horovod_prio"):
-            rt.use_overlap_credit(cfg(), 3 << 20)
-            rt.use_overlap_credit(cfg(), 1 << 20)  # the first overlapped optimizer decides
+            rt.use_overlap_credit(cfg().overlap_credit_bytes(3 << 20))
+            rt.use_overlap_credit(cfg().overlap_credit_bytes(1 << 20))  # the first one decides
         st = rt.scheduler.stats()
         assert st["credit_bytes"] == 3 << 20 and st["hold"] is hold
         assert sum("hvd.overlap: credit" in r.getMessage() for r in caplog.records) == 1
@@ -93,7 +93,7 @@ def test_overlap_sets_the_default_credit_unless_one_was_given(caplog):
         rt = runtime()
         rt.setup(given, rank=0, size=2)
         before = rt.scheduler.stats()["credit_bytes"]
-        rt.use_overlap_credit(given, 1 << 20)
+        rt.use_overlap_credit(given.overlap_credit_bytes(1 << 20))
         assert rt.scheduler.stats()["credit_bytes"] == before
         rt.shutdown()
 
@@ -280,3 +280,16 @@ def test_the_thread_feeds_steps_and_the_trace_is_flushed(tmp_path):
         assert f.read().rstrip().endswith("]")   # closed at shutdown
     with pytest.raises(RuntimeError, match="shut down"):
         rt.setup(cfg(), 0, 2)
+
+
+def test_first_time_is_once_per_key_and_process_and_overlap_states_are_kept():
+    """What the binding says once per process (a warning per callback class, one
+    inter-op thread) and the hvd.overlap optimizers hvd.flush() reaches live in
+    the runtime, not in module globals."""
+    rt = runtime()
+    assert rt.first_time(("callback", int)) and not rt.first_time(("callback", int))
+    assert rt.first_time(("callback", str)) and runtime().first_time(("callback", int))
+    a, b = object(), object()
+    rt.add_overlap_state(a)
+    rt.add_overlap_state(b)
+    assert rt.overlap_states == [a, b] and runtime().overlap_states == []

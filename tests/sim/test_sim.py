@@ -226,7 +226,7 @@ def test_priority_modes_drive_the_product_scheduler_with_the_binding_plan(monkey
     (sched,) = _SpyScheduler.made
     # the chunks are the binding's plan (one tensor per layer, backprop order)
     sizes = [l.params for l in reversed(prof.layers)]
-    plan = make_plan([TensorSpec(n, "float", 4) for n in sizes], [[0], [1], [2]],
+    plan = make_plan([TensorSpec(n, "float32", 4) for n in sizes], [[0], [1], [2]],
                      cfg.make_groups(3), cfg.partition_bytes, prefix="job0")
     step = [(c.name, c.nbytes) for c in plan.chunks]
     got = [(n, b) for n, _, b in sched.submits]
@@ -564,6 +564,13 @@ def test_profile_roundtrip_and_errors(tmp_path):
         profile_from_dict(d)
     with pytest.raises(ValueError, match="'layers'"):
         profile_from_dict({"layers": []})
+    d["layers"][0]["params"] = 1000
+    d["layers"][0]["tensors"] = [900, 99]          # a layer's gradients add up to its params
+    with pytest.raises(ValueError, match=r"layers\[0\]\.tensors"):
+        profile_from_dict(d)
+    d["layers"][0]["tensors"] = [900, 100]
+    two = profile_from_dict(d)
+    assert two.layers[0].tensors == (900, 100) and two.gradients()[1][-1] == [0, 1]
     (tmp_path / "bad.json").write_text("{nope")
     with pytest.raises(ValueError, match="not valid JSON"):
         load_profile(str(tmp_path / "bad.json"))
@@ -680,9 +687,11 @@ def test_profile_model_measures_keras_model(tmp_path):
                                  tf.keras.layers.Dense(4)])
     prof = mod.profile_model(model, 8, warmup=1, repeats=2)
     assert [l.params for l in prof.layers] == [16 * 32 + 32, 32 * 4 + 4]
+    assert [l.tensors for l in prof.layers] == [(16 * 32, 32), (32 * 4, 4)]  # kernel, bias
     assert all(l.forward_s > 0 and l.backward_s >= 0 for l in prof.layers)
     path = tmp_path / "p.json"
     save_profile(prof, str(path))
+    assert load_profile(str(path)) == prof
     r = simulate([JobSpec(load_profile(str(path)), 2, 3)], "adaptive")
     assert len(r.step_times(0)) == 3
 

@@ -31,6 +31,7 @@ import numpy as np
 import pytest
 
 from hvdrun import CONTROLLERS, HERE, check, horovodrun, run_with_timeout
+from horovod_prio.runtime import get_runtime
 from horovod_prio.runtime.trace import load_trace
 
 WORKER = os.path.join(HERE, "mp", "overlap_worker.py")
@@ -600,7 +601,6 @@ def test_overlap_chunk_and_credit_defaults(tf_env, clean_env):
     gradient bytes within [1 MiB, 4 MiB] (here 1.18 MiB / 8 -> 1 MiB) and a
     credit of one chunk for the process; a given partition wins."""
     tf, hvd, overlapped = tf_env
-    from horovod_prio.runtime import get_runtime
     from horovod_prio.scheduler import UNLIMITED, Scheduler
     rt, sched = get_runtime(), Scheduler.process()
     # the runtime is the process's: forget what earlier tests decided, so the
@@ -623,7 +623,7 @@ def test_overlap_chunk_and_credit_defaults(tf_env, clean_env):
         m.compile(optimizer=hvd.DistributedOptimizer(tf.keras.optimizers.SGD(0.1), name=name),
                   loss=loss)
         m.fit(x, y, batch_size=8, epochs=1, verbose=0)
-        (st,) = [st for st in overlapped._states if st.base.name == name]
+        (st,) = [st for st in get_runtime().overlap_states if st.base.name == name]
         (pipe,) = st.pipelines.values()
         sizes[env] = sorted(c.nbytes for c in pipe.plan.chunks)
     # the 600x512 kernel (1.17 MiB) alone exceeds 1 MiB: cut in two by default
@@ -678,7 +678,7 @@ def test_one_inter_op_thread_is_warned_once(tf_env, monkeypatch, caplog):
     """hvd.overlap with one inter-op thread cannot overlap (the background update
     waits for the training call's thread): a warning says so, once."""
     tf, hvd, overlapped = tf_env
-    monkeypatch.setattr(overlapped, "_warned_threads", [False])
+    monkeypatch.setattr(get_runtime(), "_said", set())          # say-once memory
     monkeypatch.setattr(tf.config.threading, "get_inter_op_parallelism_threads", lambda: 1)
     with caplog.at_level("WARNING", logger="horovod_prio"):
         opt = hvd.DistributedOptimizer(tf.keras.optimizers.SGD(0.1), name="OneThread")
