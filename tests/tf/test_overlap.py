@@ -96,7 +96,7 @@ def test_same_results_as_horovod(numerics, mode):
         layers = 2 if mode in SPARSE_MODES else 4   # the layers that wait (dense ones)
         assert stats["live"] == 0 and stats["waits"] >= layers * stats["finished"], \
             (mode, r, stats)
-        assert stats["layers_applied"] == 4 * stats["finished"], (mode, r, stats)
+        assert stats["layers_applied"] == layers * stats["finished"], (mode, r, stats)
         # steps without gradients are dropped: the failed one, bpps' accumulating calls
         assert stats["dropped"] == {"nan_step": 1, "bpps": 12}.get(mode, 0), (mode, r, stats)
 
