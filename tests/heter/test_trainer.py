@@ -1,0 +1,60 @@
+"""The heterogeneous step under real horovodrun (Gloo and MPI): the same
+weights as single-process training, a bad id, a shard killed mid-step.
+
+One launch per controller checks SGD, Adagrad and Adam (20 steps each, tiny
+two-table model, roles ps=1,sparse=1,dense=1) plus the bad-id path; a second
+launch kills the parameter-server shard mid-step.
+"""
+import json
+import os
+import sys
+import time
+
+import pytest
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "tf"))
+from hvdrun import CONTROLLERS, horovodrun  # noqa: E402 (tests/tf/hvdrun.py)
+
+pytestmark = pytest.mark.tf_stack
+WORKER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "mp", "heter_worker.py")
+ROLES = {"HOROVOD_PRIO_HETER_ROLES": "ps=1,sparse=1,dense=1"}
+
+
+@pytest.mark.parametrize("controller", CONTROLLERS)
+def test_three_roles_train_the_same_weights_as_one_process(controller, tmp_path):
+    out = horovodrun([WORKER, str(tmp_path), "exact"], controller, np_=3, timeout=240, env=ROLES)
+    assert out.returncode == 0, out.stdout[-6000:]
+    reports = [json.load(open(tmp_path / ("exact_rank%d.json" % r))) for r in range(3)]
+    assert [r["role"] for r in reports] == ["ps", "sparse", "dense"]
+    assert reports[0]["sets"] == {"sparse_ps": [0, 1], "sparse_dense": [1, 2], "dense": [2]}
+    ps, dense = reports[0], reports[2]
+    for kind in ("sgd", "adagrad", "adam"):
+        # tables and their slots on the shard, dense weights on the dense trainer:
+        # bit for bit (same kernels on the same inputs in the same order, see docs/heter.md)
+        assert ps[kind]["steps"] == 20
+        table_checks = {k: v for k, v in ps[kind].items() if k != "steps"}
+        assert set(table_checks) >= {"emb_a", "emb_b"}
+        if kind != "sgd":
+            assert len(table_checks) > 2                       # slots compared too
+        for name, check in table_checks.items():
+            assert check["equal"], (kind, name, check)
+        dense_checks = {k: v for k, v in dense[kind].items() if k != "losses_finite"}
+        assert len(dense_checks) == 4 and dense[kind]["losses_finite"]
+        for name, check in dense_checks.items():
+            assert check["equal"], (kind, name, check)
+    for r in reports:      # the same clear error on every rank, and training goes on
+        assert r["bad_id"] == "input 'ids_a': ids [45] out of table 'emb_a''s rows 0-39", r
+        assert r["after_bad_id"] == "ok"
+
+
+@pytest.mark.parametrize("controller", CONTROLLERS)
+def test_a_shard_killed_mid_step_ends_the_job(controller, tmp_path):
+    t0 = time.time()
+    out = horovodrun([WORKER, str(tmp_path), "kill"], controller, np_=3, timeout=150,
+                     env=dict(ROLES, HOROVOD_GLOO_TIMEOUT_SECONDS="20"))
+    log = out.stdout
+    assert "HETER_KILL rank 0 exits mid-step 3" in log, log[-4000:]
+    assert out.returncode != 0, log[-4000:]
+    assert "HETER_UNEXPECTED_END" not in log
+    assert "HETER_STEP rank 2 step 2" in log and "HETER_STEP rank 2 step 3" not in log, log[-4000:]
+    assert time.time() - t0 < 150
