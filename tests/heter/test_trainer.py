@@ -2,8 +2,8 @@
 weights as single-process training, a bad id, a shard killed mid-step.
 
 One launch per controller checks SGD, Adagrad and Adam (20 steps each, tiny
-two-table model, roles ps=1,sparse=1,dense=1) plus the bad-id path; a second
-launch kills the parameter-server shard mid-step.
+two-table model, roles ps=1,sparse=1,dense=1), a checkpoint round trip and
+the bad-id path; a second launch kills the parameter-server shard mid-step.
 """
 import json
 import os
@@ -42,6 +42,9 @@ def test_three_roles_train_the_same_weights_as_one_process(controller, tmp_path)
         assert len(dense_checks) == 4 and dense[kind]["losses_finite"]
         for name, check in dense_checks.items():
             assert check["equal"], (kind, name, check)
+    for r in reports:      # a restored trainer takes the next step to the same bits
+        assert r["restored_step"] == 20 and r["restored"] is True, r
+        assert r["checkpoint"] == ["dense.npz", "heter.json", "shard-0-of-1.npz"], r
     for r in reports:      # the same clear error on every rank, and training goes on
         assert r["bad_id"] == "input 'ids_a': ids [45] out of table 'emb_a''s rows 0-39", r
         assert r["after_bad_id"] == "ok"

@@ -5,7 +5,8 @@
                                     on the same global batches (every rank
                                     computes the reference, compares what it
                                     owns, writes OUT_DIR/exact_rank<r>.json);
-                                    then a batch with an id out of range
+                                    then a checkpoint round trip and a
+                                    batch with an id out of range
     heter_worker.py OUT_DIR kill    steps until the parameter-server shard exits
                                     mid-step (after the keys of step 3 arrived)
 """
@@ -118,6 +119,30 @@ if MODE == "exact":
                 checks[name] = compare(value, want[name])
             checks["losses_finite"] = bool(np.all(np.isfinite(losses)))
         report[kind] = checks
+    # checkpoint of the Adam run, restored into a fresh trainer: both take the
+    # same next step to the same bits
+    from horovod_prio.heter import checkpoint
+    path = checkpoint.save(trainer, os.path.join(OUT, "ckpt"))
+    tf.keras.utils.set_random_seed(4)
+    fresh = HeterTrainer(build_model(), tf.keras.losses.BinaryCrossentropy(from_logits=True),
+                         OPTS["adam"](), roles)
+    report["restored_step"] = checkpoint.restore(fresh, os.path.join(OUT, "ckpt"))
+    x, y = next(batches(11))
+    trainer.step(x, y)
+    fresh.step(x, y)
+    if trainer.role == "ps":
+        a, b = trainer.shard.state(), fresh.shard.state()
+        report["restored"] = a["step"] == b["step"] == 21 and all(
+            np.array_equal(a["tables"][t][f], b["tables"][t][f])
+            for t in a["tables"] for f in a["tables"][t])
+    elif trainer.role == "dense":
+        report["restored"] = all(np.array_equal(u, v) for u, v in zip(
+            trainer.dense_weights().values(), fresh.dense_weights().values())) and all(
+            np.array_equal(u.numpy(), v.numpy())
+            for u, v in zip(trainer.optimizer.variables, fresh.optimizer.variables))
+    else:
+        report["restored"] = True
+    report["checkpoint"] = sorted(os.listdir(path))
     # a batch with an id out of range: the same error on every rank, no collective
     x, y = next(batches(9))
     x["ids_a"][2, 1] = ROWS_A + 5
