@@ -7,6 +7,8 @@
                                     owns, writes OUT_DIR/exact_rank<r>.json);
                                     then a checkpoint round trip and a
                                     batch with an id out of range
+    heter_worker.py OUT_DIR multi   Adagrad and Adam only, for several shards /
+                                    trainers (OUT_DIR/multi_rank<r>.json)
     heter_worker.py OUT_DIR kill    steps until the parameter-server shard exits
                                     mid-step (after the keys of step 3 arrived)
 """
@@ -91,10 +93,10 @@ roles = roles_mod.from_env()
 hvd.init(process_sets=roles.process_sets())
 rank = hvd.rank()
 
-if MODE == "exact":
+if MODE in ("exact", "multi"):
     report = {"role": roles.role(rank), "sets": {k: list(v.ranks) for k, v in
                                                  zip(roles.set_ranks(), roles.process_sets())}}
-    for kind in OPTS:
+    for kind in (OPTS if MODE == "exact" else ("adagrad", "adam")):
         tf.keras.utils.set_random_seed(3)
         model = build_model()
         init = model.get_weights()
@@ -119,6 +121,11 @@ if MODE == "exact":
                 checks[name] = compare(value, want[name])
             checks["losses_finite"] = bool(np.all(np.isfinite(losses)))
         report[kind] = checks
+    if MODE == "multi":
+        with open(os.path.join(OUT, "multi_rank%d.json" % rank), "w") as f:
+            json.dump(report, f, indent=1)
+        hvd.shutdown()
+        sys.exit(0)
     # checkpoint of the Adam run, restored into a fresh trainer: both take the
     # same next step to the same bits
     from horovod_prio.heter import checkpoint
