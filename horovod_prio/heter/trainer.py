@@ -107,6 +107,9 @@ class HeterTrainer:
             input_name = layer.input.name
             id_inputs.add(id(layer.input))
             rows, dim = (int(d) for d in layer.embeddings.shape)
+            if len(self.roles.ranks["ps"]) > rows:
+                raise ValueError("HOROVOD_PRIO_HETER_ROLES: %d parameter-server shards but table "
+                                 "%r has only %d rows" % (len(self.roles.ranks["ps"]), name, rows))
             per_sample = int(np.prod([d for d in layer.input.shape[1:]] or [1]))
             self.tables.append(dict(name=name, layer=layer, input=input_name, rows=rows, dim=dim,
                                     offset=offset, per_sample=per_sample,
@@ -275,24 +278,21 @@ class HeterTrainer:
                 rows = self.shard.pull(t["name"], keys[mask] - t["offset"]).numpy()
                 parts.append((np.nonzero(mask)[0], rows))
         # rows in key order (each key's row flattened), split back per source
-        out = [None] * len(keys)
-        for idx, rows in parts:
-            for j, i in enumerate(idx):
-                out[i] = rows[j]
-        flat = np.concatenate(out).astype(np.float32) if out else np.zeros([0], np.float32)
         per_key = dims[table_of] if len(keys) else np.zeros([0], np.int64)
+        starts = np.concatenate([[0], np.cumsum(per_key)]).astype(np.int64)
+        flat = np.empty(int(starts[-1]), np.float32)
+        for idx, rows in parts:
+            flat[starts[idx][:, None] + np.arange(rows.shape[1])] = rows
         bounds = np.concatenate([[0], np.cumsum(got)])
         splits = [int(per_key[bounds[i]:bounds[i + 1]].sum()) for i in range(len(sp))]
         self._alltoall(tf.constant(flat), splits, "sparse_ps", "rows")
         grads, _ = self._alltoall(tf.zeros([0], tf.float32), [0] * len(sp), "sparse_ps",
                                   "row_grads")
         grads = grads.numpy()
-        starts = np.concatenate([[0], np.cumsum(per_key)])
         push = {}
         for i, t in enumerate(self.tables):
             idx = np.nonzero(table_of == i)[0]
-            values = np.stack([grads[starts[j]:starts[j + 1]] for j in idx]) if len(idx) else \
-                np.zeros([0, t["dim"]], np.float32)
+            values = grads[starts[idx][:, None] + np.arange(t["dim"])]
             push[t["name"]] = (keys[idx] - t["offset"], values)
         self.shard.push(push)
         return None
