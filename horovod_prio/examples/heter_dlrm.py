@@ -114,6 +114,7 @@ def worker(a):
         rows = sum(int(v.shape[0]) for v in trainer.shard.tables.values())
         print("rank %d (ps shard %d): %d table rows, step %d"
               % (hvd.rank(), trainer.shard.index, rows, int(trainer.shard.step.numpy())), flush=True)
+    trainer.close()              # every rank's last step is done before anyone shuts down
     if a.checkpoint:
         path = checkpoint.save(trainer, a.checkpoint)
         if hvd.rank() == 0:

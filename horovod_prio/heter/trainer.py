@@ -58,7 +58,8 @@ class HeterTrainer:
     dense trainers apply it; the shards apply the same rule to the tables);
     ``plan``: :func:`horovod_prio.heter.placement.place` of the model (done
     here unless given); ``sharding``: ``"mod"`` or ``"range"``.
-    Call after ``hvd.init(process_sets=roles.process_sets())``.
+    Call after ``hvd.init(process_sets=roles.process_sets())``, and
+    :meth:`close` before the script ends.
     """
 
     def __init__(self, model, loss, optimizer, roles, plan=None, sharding="mod", hvd=None):
@@ -328,6 +329,16 @@ class HeterTrainer:
                      for i, g in enumerate(grads)]
         self._dense_apply(grads)
         return float(loss.numpy())
+
+    def close(self):
+        """A barrier over every rank; call it before ``hvd.shutdown()`` or the
+        end of the script. A rank's part of the last step ends before the
+        others' (a dense trainer is done before the shards take their
+        pushes), and Horovod's shutdown on one rank -- explicit or at exit --
+        fails every collective still in flight on the others."""
+        if not getattr(self, "_closed", False):
+            self.hvd.allreduce(np.zeros(1, np.float32), name="heter.close")
+            self._closed = True
 
     # -- state -------------------------------------------------------------------------
 
