@@ -195,9 +195,6 @@ class HeterTrainer:
                                           process_set=self._sets[set_name])
         return out, received.numpy()
 
-    def _pos(self, set_name, rank):
-        return self._ranks[set_name].index(rank)
-
     # sparse trainer ------------------------------------------------------------
 
     def _step_sparse(self, inputs, labels):
@@ -225,7 +222,7 @@ class HeterTrainer:
         for k, r in enumerate(self.ps_ranks):
             row_splits[sp.index(r)] = sum(len(pt["where"][k]) * t["dim"]
                                           for pt, t in zip(per_table, self.tables))
-        flat, got = self._alltoall(tf.zeros([0], tf.float32), [0] * len(sp), "sparse_ps", "rows")
+        flat, _ = self._alltoall(tf.zeros([0], tf.float32), [0] * len(sp), "sparse_ps", "rows")
         flat = flat.numpy()
         acts, start = [], 0
         rows_by_table = [np.empty((len(pt["uniq"]), t["dim"]), np.float32)

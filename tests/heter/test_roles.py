@@ -28,6 +28,7 @@ def test_process_set_ranks():
     assert r.set_ranks() == {"sparse_ps": (0, 1), "sparse_dense": (1, 2, 3), "dense": (2, 3)}
 
 
+@pytest.mark.tf_stack          # horovod.common builds the ProcessSets
 def test_process_sets_are_built_from_the_roles():
     r = roles.parse("ps=1,sparse=1,dense=1", 3)
     sets = r.process_sets()
