@@ -1,0 +1,246 @@
+"""Placement by op type: which trainer kind runs each layer of a Keras model.
+
+Every layer's call is traced under a ``tf.function`` inside a
+``GradientTape`` (forward and backward: the gradient of its output with
+respect to its trainable variables and float inputs), and the op types of the
+traced graph (nested functions included) decide its kind:
+
+* any op in :data:`SPARSE_OP_TYPES` (gathers, lookups, segment reductions,
+  unique, hashing, scatters) -> ``"sparse"``: memory-bound, touches a few rows
+  of a large table; runs on sparse trainers, its parameters on the
+  parameter-server shards;
+* else any op in :data:`DENSE_OP_TYPES` (matmul, convolution, einsum) ->
+  ``"dense"``: compute-bound; runs on dense trainers;
+* else (elementwise, reshapes, concatenation: no typed op) -> ``"dense"``
+  with the reason ``"no typed op"``; such layers follow the dense math.
+
+A per-layer override (``{"layer_name": "sparse" | "dense"}``) wins over the
+op types. The table of op types is stated here once (docs/heter.md repeats it).
+"""
+import collections
+
+KINDS = ("sparse", "dense")
+
+SPARSE_OP_TYPES = frozenset({
+    # gathers and lookups
+    "Gather", "GatherV2", "GatherNd", "ResourceGather", "ResourceGatherNd",
+    "LookupTableFind", "LookupTableFindV2", "LookupTableImport", "LookupTableImportV2",
+    # segment reductions (pooling of multi-hot ids, the gather's gradient)
+    "SegmentSum", "SegmentMean", "SegmentMax", "SegmentMin", "SegmentProd",
+    "UnsortedSegmentSum", "UnsortedSegmentMax", "UnsortedSegmentMin", "UnsortedSegmentProd",
+    "SparseSegmentSum", "SparseSegmentMean", "SparseSegmentSqrtN",
+    "SparseSegmentSumWithNumSegments", "SparseSegmentMeanWithNumSegments",
+    "SparseSegmentSqrtNWithNumSegments", "SparseSegmentSumGrad", "SparseSegmentMeanGrad",
+    "SparseSegmentSqrtNGrad",
+    # deduplication
+    "Unique", "UniqueV2", "UniqueWithCounts", "UniqueWithCountsV2",
+    # hashing of raw feature values
+    "StringToHashBucket", "StringToHashBucketFast", "StringToHashBucketStrong",
+    # row scatters
+    "ScatterNd", "TensorScatterAdd", "TensorScatterUpdate", "ResourceScatterAdd",
+    "ResourceScatterUpdate", "SparseTensorDenseMatMul",
+})
+
+DENSE_OP_TYPES = frozenset({
+    "MatMul", "BatchMatMul", "BatchMatMulV2", "BatchMatMulV3", "_FusedMatMul", "Einsum",
+    "Conv2D", "Conv3D", "_FusedConv2D", "Conv2DBackpropInput", "Conv2DBackpropFilter",
+    "Conv3DBackpropInputV2", "Conv3DBackpropFilterV2", "DepthwiseConv2dNative",
+    "DepthwiseConv2dNativeBackpropInput", "DepthwiseConv2dNativeBackpropFilter",
+})
+
+LayerPlacement = collections.namedtuple(
+    "LayerPlacement", "name cls kind reason param_bytes out_bytes_per_sample sparse_ops dense_ops")
+
+
+def _tf():
+    import tensorflow as tf
+    return tf
+
+
+def _spec(t):
+    tf = _tf()
+    return tf.TensorSpec(t.shape, t.dtype)
+
+
+def _layer_inputs(layer):
+    """The KerasTensor structure of the layer's first call (functional or built
+    Sequential models)."""
+    try:
+        return layer.input
+    except (AttributeError, ValueError) as e:
+        raise ValueError("layer %r has no recorded input (build the model on Keras Inputs "
+                         "first): %s" % (layer.name, e)) from e
+
+
+def layer_op_types(layer):
+    """Set of op types in ``layer``'s forward and backward graph."""
+    tf = _tf()
+    inputs = _layer_inputs(layer)
+    specs = tf.nest.map_structure(_spec, inputs)
+
+    def fwd_bwd(*flat):
+        x = tf.nest.pack_sequence_as(inputs, list(flat))
+        floats = [t for t in flat if t.dtype.is_floating]
+        with tf.GradientTape() as tape:
+            tape.watch(floats)
+            y = layer(x, training=True)
+        sources = list(layer.trainable_variables) + floats
+        if sources:
+            grads = tape.gradient(tf.nest.flatten(y), sources,
+                                  unconnected_gradients=tf.UnconnectedGradients.ZERO)
+            return tf.nest.flatten(y), grads
+        return tf.nest.flatten(y)
+
+    concrete = tf.function(fwd_bwd).get_concrete_function(*tf.nest.flatten(specs))
+    gd = concrete.graph.as_graph_def()
+    ops = {n.op for n in gd.node}
+    for f in gd.library.function:
+        ops.update(n.op for n in f.node_def)
+    return ops
+
+
+def _nbytes(variables):
+    return int(sum(v.shape.num_elements() * v.dtype.size for v in variables))
+
+
+def _out_bytes_per_sample(layer):
+    total = 0
+    for t in _tf().nest.flatten(layer.output):
+        n = 1
+        for d in t.shape[1:]:
+            if d is None:
+                return None
+            n *= d
+        total += n * t.dtype.size
+    return total
+
+
+class Plan:
+    """Layer -> kind for one model, with its sizes (see :func:`place`)."""
+
+    def __init__(self, model, layers):
+        self.model_name = model.name
+        self.layers = layers
+        self._by_name = {p.name: p for p in layers}
+        self._model = model
+
+    def kind(self, name):
+        return self._by_name[name].kind
+
+    def names(self, kind):
+        return [p.name for p in self.layers if p.kind == kind]
+
+    def param_bytes(self, kind):
+        return sum(p.param_bytes for p in self.layers if p.kind == kind)
+
+    def boundary(self):
+        """Sparse-kind layers whose output a dense-kind layer consumes (the
+        activations exchanged every step)."""
+        out = []
+        for p in self.layers:
+            if p.kind != "sparse":
+                continue
+            layer = self._model.get_layer(p.name)
+            consumers = [n.outbound_layer for n in layer.outbound_nodes]
+            if any(c.name in self._by_name and self.kind(c.name) == "dense" for c in consumers) \
+                    or self._feeds_output(layer):
+                out.append(p)
+        return out
+
+    def _feeds_output(self, layer):
+        return any(getattr(t, "_keras_history", None) is not None and t._keras_history.layer is layer
+                   for t in self._model.outputs)
+
+    def exchange_bytes(self, batch_size, dense_trainers=1):
+        """Upper bound of the bytes one step exchanges, by kind of traffic,
+        for a global batch of ``batch_size`` samples: every id distinct (the
+        rows a batch touches cannot exceed its ids nor the table)."""
+        if batch_size < 1:
+            raise ValueError("batch_size=%r: give a positive number of samples" % (batch_size,))
+        if dense_trainers < 1:
+            raise ValueError("dense_trainers=%r: give at least 1" % (dense_trainers,))
+        tf = _tf()
+        keys = rows = acts = 0
+        for p in self.layers:
+            if p.kind != "sparse":
+                continue
+            layer = self._model.get_layer(p.name)
+            ids_per_sample = 1
+            for t in tf.nest.flatten(layer.input):
+                for d in t.shape[1:]:
+                    ids_per_sample *= d or 1
+            table = max(layer.trainable_variables, key=lambda v: v.shape.num_elements(), default=None)
+            if table is None or len(table.shape) != 2:
+                continue
+            touched = min(batch_size * ids_per_sample, int(table.shape[0]))
+            keys += touched * 8
+            rows += touched * int(table.shape[1]) * table.dtype.size
+        for p in self.boundary():
+            acts += batch_size * (p.out_bytes_per_sample or 0)
+        dense = self.param_bytes("dense")
+        ring = 0 if dense_trainers == 1 else 2 * (dense_trainers - 1) * dense // dense_trainers
+        return collections.OrderedDict([
+            ("pull_keys", keys), ("pull_rows", rows), ("activations", acts),
+            ("activation_grads", acts), ("push_row_grads", rows),
+            ("dense_allreduce_per_trainer", ring),
+        ])
+
+    def format(self, batch_size=None, dense_trainers=1):
+        lines = ["placement of model %r" % self.model_name,
+                 "%-24s %-22s %-7s %12s  %s" % ("layer", "class", "kind", "param bytes", "why")]
+        for p in self.layers:
+            lines.append("%-24s %-22s %-7s %12d  %s" % (p.name, p.cls, p.kind, p.param_bytes, p.reason))
+        for k in KINDS:
+            lines.append("%s kind: %d layers, %d parameter bytes"
+                         % (k, len(self.names(k)), self.param_bytes(k)))
+        if batch_size:
+            lines.append("per step at global batch %d (upper bound, every id distinct):" % batch_size)
+            for name, n in self.exchange_bytes(batch_size, dense_trainers).items():
+                lines.append("  %-28s %12d bytes" % (name, n))
+        return "\n".join(lines)
+
+    __str__ = format
+
+
+def place(model, overrides=None, require_sparse=True):
+    """Classify every layer of a built Keras ``model`` (see the module doc).
+
+    ``overrides``: ``{layer_name: "sparse" | "dense"}``, checked against the
+    model's layer names. Raises ValueError for an unknown layer name or kind,
+    and (``require_sparse``) when no layer ends up sparse: such a model has
+    nothing for sparse trainers or parameter-server shards to do.
+    """
+    overrides = dict(overrides or {})
+    names = [l.name for l in model.layers]
+    for name, kind in overrides.items():
+        if name not in names:
+            raise ValueError("placement override names layer %r, which model %r does not have "
+                             "(its layers: %s)" % (name, model.name, ", ".join(names)))
+        if kind not in KINDS:
+            raise ValueError("placement override for layer %r: kind %r is not one of %s"
+                             % (name, kind, ", ".join(KINDS)))
+    tf = _tf()
+    placed = []
+    for layer in model.layers:
+        if isinstance(layer, tf.keras.layers.InputLayer):
+            continue
+        ops = layer_op_types(layer)
+        sparse, dense = sorted(ops & SPARSE_OP_TYPES), sorted(ops & DENSE_OP_TYPES)
+        if sparse:
+            kind, reason = "sparse", "ops " + ",".join(sparse)
+        elif dense:
+            kind, reason = "dense", "ops " + ",".join(dense)
+        else:
+            kind, reason = "dense", "no typed op"
+        if layer.name in overrides:
+            kind, reason = overrides[layer.name], "override (ops said %s: %s)" % (kind, reason)
+        placed.append(LayerPlacement(layer.name, type(layer).__name__, kind, reason,
+                                     _nbytes(layer.weights), _out_bytes_per_sample(layer),
+                                     tuple(sparse), tuple(dense)))
+    plan = Plan(model, placed)
+    if require_sparse and not plan.names("sparse"):
+        raise ValueError("model %r has no layer with a sparse op (%s ...): nothing for sparse "
+                         "trainers or parameter-server shards; train it data-parallel, or "
+                         "override a layer to 'sparse'"
+                         % (model.name, ", ".join(sorted(SPARSE_OP_TYPES)[:4])))
+    return plan

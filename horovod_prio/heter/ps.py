@@ -1,0 +1,249 @@
+"""Parameter-server shards: row ranges of the embedding tables and the
+optimizer that updates them, exactly as Keras's optimizer would.
+
+* :class:`Sharding` - which shard owns which row of a table (``"mod"``: id
+  modulo the shard count, local row id // shards; ``"range"``: contiguous
+  blocks of ceil(rows / shards)).
+* :class:`Optimizer` - SGD (no momentum), Adagrad and Adam (no amsgrad) with
+  the update formulas, operation order and constants of TF 2.15's Keras
+  optimizers, on sparse rows (Keras's ``IndexedSlices`` path: duplicate ids
+  summed first, ``tf.unique`` + ``tf.math.unsorted_segment_sum`` in order of
+  occurrence) and on dense variables. Every formula is elementwise per row,
+  so a shard updating its rows gives the bits Keras gives the whole table --
+  Adam's sparse path decays every row's moments each step, touched or not,
+  and so does each shard. One caveat, measured: inside a ``tf.function``
+  grappler's arithmetic optimizer rewrites Adagrad's ``x / sqrt(y)``, and
+  the rewritten kernel's result depends on the element's position in the
+  array (vector lanes vs scalar tail), so a row at another offset in its
+  shard can differ from Keras by one ulp per step. With that rewrite off
+  (or one shard) the bits are equal; tests/heter/test_ps.py checks both.
+* :class:`Shard` - one shard's tables, slots and step counter; pulls rows,
+  applies pushed row gradients, saves and loads its state.
+"""
+import numpy as np
+
+SHARDINGS = ("mod", "range")
+
+
+class Sharding:
+    """Rows of one table over ``num_shards`` shards."""
+
+    def __init__(self, rows, num_shards, mode="mod"):
+        if mode not in SHARDINGS:
+            raise ValueError("sharding=%r: give one of %s" % (mode, ", ".join(SHARDINGS)))
+        if not isinstance(num_shards, int) or num_shards < 1:
+            raise ValueError("num_shards=%r: give a positive number of shards" % (num_shards,))
+        if num_shards > rows:
+            raise ValueError("num_shards=%d: more parameter-server shards than the table's %d rows"
+                             % (num_shards, rows))
+        self.rows, self.num_shards, self.mode = int(rows), num_shards, mode
+        self.block = -(-self.rows // num_shards)
+
+    def owner(self, ids):
+        ids = np.asarray(ids, np.int64)
+        return ids % self.num_shards if self.mode == "mod" else ids // self.block
+
+    def local(self, ids):
+        ids = np.asarray(ids, np.int64)
+        return ids // self.num_shards if self.mode == "mod" else ids - (ids // self.block) * self.block
+
+    def global_ids(self, shard):
+        """The table ids shard ``shard`` owns, in local-row order."""
+        if self.mode == "mod":
+            return np.arange(shard, self.rows, self.num_shards, dtype=np.int64)
+        return np.arange(shard * self.block, min(self.rows, (shard + 1) * self.block), dtype=np.int64)
+
+
+OPTIMIZERS = ("sgd", "adagrad", "adam")
+
+
+class Optimizer:
+    """Keras-exact update rules (see the module doc); build with
+    :meth:`from_keras` from the optimizer a single-process run would use."""
+
+    def __init__(self, kind, learning_rate, epsilon=1e-7, beta_1=0.9, beta_2=0.999,
+                 initial_accumulator_value=0.1):
+        if kind not in OPTIMIZERS:
+            raise ValueError("optimizer %r: give one of %s" % (kind, ", ".join(OPTIMIZERS)))
+        self.kind, self.learning_rate, self.epsilon = kind, float(learning_rate), epsilon
+        self.beta_1, self.beta_2 = beta_1, beta_2
+        self.initial_accumulator_value = initial_accumulator_value
+
+    @classmethod
+    def from_keras(cls, opt):
+        import tensorflow as tf
+        name = type(opt).__name__.lower()
+        if name not in OPTIMIZERS:
+            raise ValueError("optimizer %s: the parameter server applies %s only"
+                             % (type(opt).__name__, ", ".join(OPTIMIZERS)))
+        for field in ("weight_decay", "clipnorm", "clipvalue", "global_clipnorm"):
+            if getattr(opt, field, None) is not None:
+                raise ValueError("optimizer %s: %s=%r is not supported by the parameter server"
+                                 % (type(opt).__name__, field, getattr(opt, field)))
+        if getattr(opt, "use_ema", False):
+            raise ValueError("optimizer %s: use_ema=True is not supported" % type(opt).__name__)
+        if isinstance(opt._learning_rate, tf.keras.optimizers.schedules.LearningRateSchedule):
+            raise ValueError("optimizer %s: learning_rate schedules are not supported"
+                             % type(opt).__name__)
+        lr = float(opt._learning_rate.numpy() if hasattr(opt._learning_rate, "numpy")
+                   else opt._learning_rate)
+        if name == "sgd":
+            if opt.momentum != 0 or opt.nesterov:
+                raise ValueError("optimizer SGD: momentum=%r nesterov=%r; the parameter server "
+                                 "applies plain SGD" % (opt.momentum, opt.nesterov))
+            return cls("sgd", lr)
+        if name == "adagrad":
+            return cls("adagrad", lr, epsilon=opt.epsilon,
+                       initial_accumulator_value=opt.initial_accumulator_value)
+        if opt.amsgrad:
+            raise ValueError("optimizer Adam: amsgrad=True is not supported")
+        return cls("adam", lr, epsilon=opt.epsilon, beta_1=opt.beta_1, beta_2=opt.beta_2)
+
+    @property
+    def slot_names(self):
+        return {"sgd": (), "adagrad": ("accumulator",), "adam": ("m", "v")}[self.kind]
+
+    def initial_slot(self, name, shape, dtype=np.float32):
+        value = self.initial_accumulator_value if name == "accumulator" else 0.0
+        return np.full(shape, value, dtype=dtype)
+
+    def _lr(self, dtype):
+        import tensorflow as tf
+        # Keras keeps the rate in a float32 variable and casts it: a constant
+        # here would let grappler fold -lr and reorder the arithmetic
+        if getattr(self, "_lr_var", None) is None:
+            with tf.init_scope():
+                self._lr_var = tf.Variable(self.learning_rate, dtype=tf.float32, trainable=False,
+                                           name="heter_learning_rate")
+        return tf.cast(self._lr_var, dtype)
+
+    def apply_sparse(self, var, slots, indices, values, step):
+        """Keras's IndexedSlices update of rows ``indices`` (unique) by
+        ``values``; ``step``: the optimizer's iteration count before it."""
+        import tensorflow as tf
+        lr = self._lr(var.dtype)
+        if self.kind == "sgd":
+            var.scatter_add(tf.IndexedSlices(-values * lr, indices))
+        elif self.kind == "adagrad":
+            acc = slots["accumulator"]
+            acc.scatter_add(tf.IndexedSlices(values * values, indices))
+            denominator = tf.sqrt(tf.gather(acc, indices=indices) + self.epsilon)
+            var.scatter_add(tf.IndexedSlices(-lr * values / denominator, indices))
+        else:
+            m, v, alpha = slots["m"], slots["v"], self._alpha(lr, step, var.dtype)
+            m.assign_add(-m * (1 - self.beta_1))
+            m.scatter_add(tf.IndexedSlices(values * (1 - self.beta_1), indices))
+            v.assign_add(-v * (1 - self.beta_2))
+            v.scatter_add(tf.IndexedSlices(tf.square(values) * (1 - self.beta_2), indices))
+            var.assign_sub((m * alpha) / (tf.sqrt(v) + self.epsilon))
+
+    def apply_dense(self, var, slots, grad, step):
+        """Keras's dense update of ``var`` by ``grad``."""
+        import tensorflow as tf
+        lr = self._lr(var.dtype)
+        if self.kind == "sgd":
+            var.assign_add(-grad * lr)
+        elif self.kind == "adagrad":
+            acc = slots["accumulator"]
+            acc.assign_add(grad * grad)
+            var.assign_sub(lr * grad / tf.sqrt(acc + self.epsilon))
+        else:
+            m, v, alpha = slots["m"], slots["v"], self._alpha(lr, step, var.dtype)
+            m.assign_add((grad - m) * (1 - self.beta_1))
+            v.assign_add((tf.square(grad) - v) * (1 - self.beta_2))
+            var.assign_sub((m * alpha) / (tf.sqrt(v) + self.epsilon))
+
+    def _alpha(self, lr, step, dtype):
+        import tensorflow as tf
+        local_step = tf.cast(step + 1, dtype)
+        beta_1_power = tf.pow(tf.cast(self.beta_1, dtype), local_step)
+        beta_2_power = tf.pow(tf.cast(self.beta_2, dtype), local_step)
+        return lr * tf.sqrt(1 - beta_2_power) / (1 - beta_1_power)
+
+
+def dedupe(ids, values):
+    """Keras's ``_deduplicate_sparse_grad``: unique ids in order of first
+    occurrence, their values summed in order of occurrence."""
+    import tensorflow as tf
+    unique, positions = tf.unique(ids)
+    return unique, tf.math.unsorted_segment_sum(values, positions, tf.shape(unique)[0])
+
+
+class Shard:
+    """One parameter-server shard: for each table (name -> full initial rows
+    or a (rows, dim) shape) the rows this shard owns, their optimizer slots
+    and the shard's step counter."""
+
+    def __init__(self, index, num_shards, tables, optimizer, sharding="mod", dtype=np.float32):
+        import tensorflow as tf
+        if not 0 <= index < num_shards:
+            raise ValueError("shard index %r: give 0..%d" % (index, num_shards - 1))
+        self.index, self.num_shards, self.optimizer = index, num_shards, optimizer
+        self.sharding, self.tables, self.slots, self.shardings = sharding, {}, {}, {}
+        self.step = tf.Variable(0, dtype=tf.int64, trainable=False, name="heter_ps_step")
+        for name, initial in tables.items():
+            initial = np.asarray(initial, dtype)
+            if initial.ndim != 2:
+                raise ValueError("table %r: initial rows of shape %s, give (rows, dim)"
+                                 % (name, initial.shape))
+            sh = Sharding(initial.shape[0], num_shards, sharding)
+            own = initial[sh.global_ids(index)]
+            self.shardings[name] = sh
+            self.tables[name] = tf.Variable(own, name="heter_%s_shard%d" % (name, index))
+            self.slots[name] = {s: tf.Variable(optimizer.initial_slot(s, own.shape, dtype),
+                                               name="heter_%s_%s_shard%d" % (name, s, index))
+                                for s in optimizer.slot_names}
+        self._apply = {}
+
+    def check_ids(self, table, ids):
+        """ValueError naming the table for ids this shard does not own."""
+        ids = np.asarray(ids, np.int64)
+        sh = self.shardings[table]
+        bad = ids[(ids < 0) | (ids >= sh.rows) | (sh.owner(np.clip(ids, 0, None)) != self.index)]
+        if bad.size:
+            raise ValueError("table %r: ids %s are not rows of shard %d of %d (table rows 0-%d)"
+                             % (table, bad[:5].tolist(), self.index, self.num_shards, sh.rows - 1))
+        return sh.local(ids)
+
+    def pull(self, table, ids):
+        """Rows of ``ids`` (table ids this shard owns)."""
+        import tensorflow as tf
+        return tf.gather(self.tables[table], self.check_ids(table, ids))
+
+    def push(self, grads):
+        """Apply one step: ``grads`` = {table: (ids, row gradients)} (ids may
+        repeat; their gradients are summed as Keras does). Tables not in
+        ``grads`` still take the step (Adam decays their moments as Keras
+        does for a variable whose IndexedSlices gradient is empty)."""
+        import tensorflow as tf
+        for name in self.tables:
+            dim = int(self.tables[name].shape[1])
+            ids, values = grads.get(name, (np.zeros([0], np.int64), np.zeros([0, dim], np.float32)))
+            local = self.check_ids(name, ids)
+            values = tf.convert_to_tensor(values, self.tables[name].dtype)
+            self._apply_fn(name)(tf.constant(local, tf.int64), values)
+        self.step.assign_add(1)
+
+    def _apply_fn(self, name):
+        import tensorflow as tf
+        if name not in self._apply:
+            var, slots = self.tables[name], self.slots[name]
+
+            dim = int(var.shape[1])
+
+            @tf.function(input_signature=[tf.TensorSpec([None], tf.int64),
+                                          tf.TensorSpec([None, dim], var.dtype)])
+            def apply(local, values):
+                unique, summed = dedupe(local, values)
+                self.optimizer.apply_sparse(var, slots, unique, summed, self.step)
+            self._apply[name] = apply
+        return self._apply[name]
+
+    def state(self):
+        """name -> numpy arrays: ``{table: {"ids", "rows", <slot>...}}`` and the step."""
+        out = {"step": int(self.step.numpy()), "tables": {}}
+        for name, var in self.tables.items():
+            entry = {"ids": self.shardings[name].global_ids(self.index), "rows": var.numpy()}
+            entry.update({s: v.numpy() for s, v in self.slots[name].items()})
+            out["tables"][name] = entry
+        return out

@@ -1,0 +1,199 @@
+"""Worker for tests/heter/test_trainer.py, run under horovodrun.
+
+    heter_worker.py OUT_DIR exact   three optimizers x 20 heterogeneous steps vs
+                                    single-process training of the same model
+                                    on the same global batches (every rank
+                                    computes the reference, compares what it
+                                    owns, writes OUT_DIR/exact_rank<r>.json);
+                                    then a checkpoint round trip and a
+                                    batch with an id out of range
+    heter_worker.py OUT_DIR multi   Adagrad and Adam only, for several shards /
+                                    trainers (OUT_DIR/multi_rank<r>.json)
+    heter_worker.py OUT_DIR kill    steps until the parameter-server shard exits
+                                    mid-step (after the keys of step 3 arrived)
+"""
+import json
+import os
+import sys
+
+import numpy as np
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+import tensorflow as tf  # noqa: E402
+import horovod.tensorflow as hvd  # noqa: E402
+
+from horovod_prio.heter import roles as roles_mod  # noqa: E402
+from horovod_prio.heter.trainer import HeterTrainer  # noqa: E402
+
+OUT, MODE = sys.argv[1], sys.argv[2]
+STEPS, BATCH = 20, 16
+ROWS_A, ROWS_B = 40, 17
+
+
+def build_model():
+    a = tf.keras.Input((3,), dtype="int64", name="ids_a")
+    b = tf.keras.Input((1,), dtype="int64", name="ids_b")
+    x = tf.keras.Input((5,), name="x")
+    ea = tf.keras.layers.Embedding(ROWS_A, 4, name="emb_a")(a)
+    eb = tf.keras.layers.Embedding(ROWS_B, 3, name="emb_b")(b)
+    h = tf.keras.layers.Concatenate(name="cat")([tf.keras.layers.Flatten(name="fa")(ea),
+                                                 tf.keras.layers.Flatten(name="fb")(eb), x])
+    h = tf.keras.layers.Dense(8, activation="relu", name="hidden")(h)
+    return tf.keras.Model([a, b, x], tf.keras.layers.Dense(1, name="out")(h), name="tiny_dlrm")
+
+
+def batches(seed):
+    rng = np.random.default_rng(seed)
+    for _ in range(STEPS):
+        yield ({"ids_a": np.minimum(rng.zipf(1.5, (BATCH, 3)) - 1, ROWS_A - 1).astype(np.int64),
+                "ids_b": rng.integers(0, ROWS_B, (BATCH, 1)).astype(np.int64),
+                "x": rng.standard_normal((BATCH, 5)).astype(np.float32)},
+               (rng.random((BATCH, 1)) < 0.3).astype(np.float32))
+
+
+OPTS = {"sgd": lambda: tf.keras.optimizers.SGD(0.1),
+        "adagrad": lambda: tf.keras.optimizers.Adagrad(0.1),
+        "adam": lambda: tf.keras.optimizers.Adam(0.01)}
+
+
+def reference(init, kind):
+    model = build_model()
+    model.set_weights(init)
+    opt, loss_fn = OPTS[kind](), tf.keras.losses.BinaryCrossentropy(from_logits=True)
+
+    @tf.function
+    def step(x, y):
+        with tf.GradientTape() as tape:
+            loss = loss_fn(y, model(x, training=True))
+        grads = tape.gradient(loss, model.trainable_variables)
+        opt.apply_gradients(zip(grads, model.trainable_variables))
+
+    for x, y in batches(7):
+        step({k: tf.constant(v) for k, v in x.items()}, tf.constant(y))
+    slots = {}
+    for layer in ("emb_a", "emb_b"):
+        var = model.get_layer(layer).embeddings
+        if kind == "adagrad":
+            slots[layer] = {"accumulator": opt._accumulators[opt._index_dict[opt._var_key(var)]]}
+        elif kind == "adam":
+            i = opt._index_dict[opt._var_key(var)]
+            slots[layer] = {"m": opt._momentums[i], "v": opt._velocities[i]}
+    return model, slots
+
+
+def compare(got, want):
+    got, want = np.asarray(got), np.asarray(want)
+    diff = np.abs(got.astype(np.float64) - want)
+    rel = diff / np.maximum(np.abs(want), 1e-30)
+    return {"equal": bool(np.array_equal(got, want)), "max_abs": float(diff.max()),
+            "max_rel": float(rel[diff > 0].max()) if (diff > 0).any() else 0.0}
+
+
+roles = roles_mod.from_env()
+hvd.init(process_sets=roles.process_sets())
+rank = hvd.rank()
+
+if MODE in ("exact", "multi"):
+    report = {"role": roles.role(rank), "sets": {k: list(v.ranks) for k, v in
+                                                 zip(roles.set_ranks(), roles.process_sets())}}
+    for kind in (OPTS if MODE == "exact" else ("adagrad", "adam")):
+        tf.keras.utils.set_random_seed(3)
+        model = build_model()
+        init = model.get_weights()
+        trainer = HeterTrainer(model, tf.keras.losses.BinaryCrossentropy(from_logits=True),
+                               OPTS[kind](), roles)
+        losses = [trainer.step(x, y) for x, y in batches(7)]
+        ref, ref_slots = reference(init, kind)
+        checks = {}
+        if trainer.role == "ps":
+            st = trainer.shard.state()
+            for t, entry in st["tables"].items():
+                full = ref.get_layer(t).embeddings.numpy()
+                checks[t] = compare(entry["rows"], full[entry["ids"]])
+                assert not np.array_equal(entry["rows"], np.asarray(
+                    [w for w in init if w.shape == full.shape][0])[entry["ids"]])
+                for s, var in ref_slots.get(t, {}).items():
+                    checks[t + "/" + s] = compare(entry[s], var.numpy()[entry["ids"]])
+            checks["steps"] = st["step"]
+        elif trainer.role == "dense":
+            want = {v.name: v.numpy() for v in ref.trainable_variables}
+            for name, value in trainer.dense_weights().items():
+                checks[name] = compare(value, want[name])
+            checks["losses_finite"] = bool(np.all(np.isfinite(losses)))
+        report[kind] = checks
+    if MODE == "multi":
+        trainer.close()
+        with open(os.path.join(OUT, "multi_rank%d.json" % rank), "w") as f:
+            json.dump(report, f, indent=1)
+        hvd.shutdown()
+        sys.exit(0)
+    # checkpoint of the Adam run, restored into a fresh trainer: both take the
+    # same next step to the same bits
+    from horovod_prio.heter import checkpoint
+    path = checkpoint.save(trainer, os.path.join(OUT, "ckpt"))
+    tf.keras.utils.set_random_seed(4)
+    fresh = HeterTrainer(build_model(), tf.keras.losses.BinaryCrossentropy(from_logits=True),
+                         OPTS["adam"](), roles)
+    report["restored_step"] = checkpoint.restore(fresh, os.path.join(OUT, "ckpt"))
+    x, y = next(batches(11))
+    trainer.step(x, y)
+    fresh.step(x, y)
+    if trainer.role == "ps":
+        a, b = trainer.shard.state(), fresh.shard.state()
+        report["restored"] = a["step"] == b["step"] == 21 and all(
+            np.array_equal(a["tables"][t][f], b["tables"][t][f])
+            for t in a["tables"] for f in a["tables"][t])
+    elif trainer.role == "dense":
+        report["restored"] = all(np.array_equal(u, v) for u, v in zip(
+            trainer.dense_weights().values(), fresh.dense_weights().values())) and all(
+            np.array_equal(u.numpy(), v.numpy())
+            for u, v in zip(trainer.optimizer.variables, fresh.optimizer.variables))
+    else:
+        report["restored"] = True
+    report["checkpoint"] = sorted(os.listdir(path))
+    # a batch with an id out of range: the same error on every rank, no collective
+    x, y = next(batches(9))
+    x["ids_a"][2, 1] = ROWS_A + 5
+    try:
+        trainer.step(x, y)
+        report["bad_id"] = "no error"
+    except ValueError as e:
+        report["bad_id"] = str(e)
+    # and training goes on after it; the shard lags in this last step (the
+    # dense trainer is done first): close() keeps the dense trainer's
+    # shutdown from failing the shard's and the sparse trainer's last push
+    x, y = next(batches(9))
+    if trainer.role in ("ps", "sparse"):
+        import time
+        real = trainer._alltoall
+
+        def late(tensor, splits, set_name, what):
+            if what == "row_grads":
+                time.sleep(3)
+            return real(tensor, splits, set_name, what)
+        trainer._alltoall = late
+    trainer.step(x, y)
+    report["after_bad_id"] = "ok"
+    trainer.close()
+    with open(os.path.join(OUT, "exact_rank%d.json" % rank), "w") as f:
+        json.dump(report, f, indent=1)
+    hvd.shutdown()
+
+elif MODE == "kill":
+    tf.keras.utils.set_random_seed(3)
+    trainer = HeterTrainer(build_model(), tf.keras.losses.BinaryCrossentropy(from_logits=True),
+                           OPTS["sgd"](), roles)
+    real = trainer._alltoall
+
+    def dying(tensor, splits, set_name, what):
+        out = real(tensor, splits, set_name, what)
+        if trainer.role == "ps" and trainer.steps == 3 and what == "keys":
+            print("HETER_KILL rank %d exits mid-step %d" % (rank, trainer.steps), flush=True)
+            os._exit(7)
+        return out
+
+    trainer._alltoall = dying
+    for x, y in batches(7):
+        trainer.step(x, y)
+        print("HETER_STEP rank %d step %d" % (rank, trainer.steps), flush=True)
+    print("HETER_UNEXPECTED_END rank %d" % rank, flush=True)

@@ -1,0 +1,141 @@
+"""Parameter-server shards (horovod_prio.heter.ps): bit for bit what Keras's
+optimizer does to the whole table, in one process."""
+import numpy as np
+import pytest
+
+from stack_required import import_stack_module
+
+tf = import_stack_module("tensorflow")
+
+from horovod_prio.heter import ps  # noqa: E402
+
+ROWS, DIM, STEPS = 23, 4, 6
+
+
+def keras_optimizer(kind):
+    return {"sgd": lambda: tf.keras.optimizers.SGD(0.05),
+            "adagrad": lambda: tf.keras.optimizers.Adagrad(0.05),
+            "adam": lambda: tf.keras.optimizers.Adam(0.01)}[kind]()
+
+
+def keras_slots(opt, kind):
+    if kind == "sgd":
+        return {}
+    if kind == "adagrad":
+        return {"accumulator": opt._accumulators[0].numpy()}
+    return {"m": opt._momentums[0].numpy(), "v": opt._velocities[0].numpy()}
+
+
+def sparse_grads(seed):
+    rng = np.random.default_rng(seed)
+    out = []
+    for _ in range(STEPS):
+        ids = rng.integers(0, ROWS, size=17).astype(np.int64)   # duplicates on purpose
+        ids[:3] = ids[3]
+        out.append((ids, rng.standard_normal((17, DIM)).astype(np.float32)))
+    return out
+
+
+@pytest.fixture
+def no_arithmetic_rewrite():
+    """Grappler's arithmetic optimizer off: it rewrites Adagrad's x / sqrt(y)
+    into a kernel whose result depends on the element's offset (ps.py)."""
+    before = tf.config.optimizer.get_experimental_options()
+    tf.config.optimizer.set_experimental_options({"arithmetic_optimization": False})
+    yield
+    tf.config.optimizer.set_experimental_options(
+        {"arithmetic_optimization": before.get("arithmetic_optimization", True)})
+
+
+@pytest.mark.parametrize("sharding", ["mod", "range"])
+@pytest.mark.parametrize("kind", ["sgd", "adagrad", "adam"])
+def test_shards_match_keras_sparse_bitwise(kind, sharding, no_arithmetic_rewrite):
+    run_shards_vs_keras(kind, sharding, exact=True)
+
+
+@pytest.mark.parametrize("kind", ["sgd", "adagrad", "adam"])
+def test_shards_match_keras_with_grappler_within_ulps(kind):
+    run_shards_vs_keras(kind, "mod", exact=False)
+
+
+def run_shards_vs_keras(kind, sharding, exact):
+    init = np.random.default_rng(1).standard_normal((ROWS, DIM)).astype(np.float32)
+    table = tf.Variable(init)
+    kopt = keras_optimizer(kind)
+
+    @tf.function
+    def keras_step(ids, values):
+        kopt.apply_gradients([(tf.IndexedSlices(values, ids, tf.constant([ROWS, DIM], tf.int64)),
+                               table)])
+
+    opt = ps.Optimizer.from_keras(keras_optimizer(kind))
+    shards = [ps.Shard(k, 3, {"t": init}, opt, sharding) for k in range(3)]
+    for ids, values in sparse_grads(2):
+        keras_step(tf.constant(ids), tf.constant(values))
+        for sh in shards:
+            mine = sh.shardings["t"].owner(ids) == sh.index
+            sh.push({"t": (ids[mine], values[mine])})
+    got = np.zeros_like(init)
+    got_slots = {s: np.zeros_like(init) for s in opt.slot_names}
+    for sh in shards:
+        st = sh.state()["tables"]["t"]
+        got[st["ids"]] = st["rows"]
+        for s in opt.slot_names:
+            got_slots[s][st["ids"]] = st[s]
+        assert sh.state()["step"] == STEPS
+    # bitwise; else a few ulps (one per step at most, see ps.py)
+    same = np.testing.assert_array_equal if exact else \
+        (lambda a, b: np.testing.assert_allclose(a, b, rtol=STEPS * 2.0 ** -23, atol=0))
+    same(got, table.numpy())
+    for s, want in keras_slots(kopt, kind).items():
+        same(got_slots[s], want)
+    assert not np.array_equal(got, init)
+
+
+@pytest.mark.parametrize("kind", ["sgd", "adagrad", "adam"])
+def test_dense_update_matches_keras_bitwise(kind):
+    init = np.random.default_rng(3).standard_normal((5, 3)).astype(np.float32)
+    ref, mine = tf.Variable(init), tf.Variable(init)
+    kopt = keras_optimizer(kind)
+    opt = ps.Optimizer.from_keras(keras_optimizer(kind))
+    slots = {s: tf.Variable(opt.initial_slot(s, init.shape)) for s in opt.slot_names}
+    step = tf.Variable(0, dtype=tf.int64)
+
+    @tf.function
+    def both(g):
+        kopt.apply_gradients([(g, ref)])
+        opt.apply_dense(mine, slots, g, step)
+        step.assign_add(1)
+
+    rng = np.random.default_rng(4)
+    for _ in range(STEPS):
+        both(tf.constant(rng.standard_normal(init.shape).astype(np.float32)))
+    np.testing.assert_array_equal(mine.numpy(), ref.numpy())
+
+
+def test_sharding_covers_every_row_once():
+    for mode in ps.SHARDINGS:
+        sh = ps.Sharding(10, 3, mode)
+        ids = np.concatenate([sh.global_ids(k) for k in range(3)])
+        assert sorted(ids.tolist()) == list(range(10))
+        for k in range(3):
+            g = sh.global_ids(k)
+            assert (sh.owner(g) == k).all() and (sh.local(g) == np.arange(len(g))).all()
+
+
+def test_bad_inputs_are_named():
+    with pytest.raises(ValueError, match="sharding='hash'"):
+        ps.Sharding(10, 2, "hash")
+    with pytest.raises(ValueError, match="num_shards=4: more parameter-server shards than the table's 3 rows"):
+        ps.Sharding(3, 4)
+    with pytest.raises(ValueError, match="momentum=0.9"):
+        ps.Optimizer.from_keras(tf.keras.optimizers.SGD(0.1, momentum=0.9))
+    with pytest.raises(ValueError, match="RMSprop"):
+        ps.Optimizer.from_keras(tf.keras.optimizers.RMSprop())
+    with pytest.raises(ValueError, match="clipnorm=1.0"):
+        ps.Optimizer.from_keras(tf.keras.optimizers.Adam(clipnorm=1.0))
+    sh = ps.Shard(0, 2, {"t": np.zeros((6, 2))}, ps.Optimizer("sgd", 0.1))
+    with pytest.raises(ValueError, match=r"table 't': ids \[1, 7\] are not rows of shard 0 of 2"):
+        sh.pull("t", [0, 1, 7])
+    with pytest.raises(ValueError, match=r"ids \[-1\]"):
+        sh.push({"t": ([-1], np.zeros((1, 2), np.float32))})

@@ -1,0 +1,80 @@
+"""What the heterogeneous trainer refuses at construction and per batch, in
+one process (a stand-in for Horovod's size/rank: no collective runs before
+these checks)."""
+import numpy as np
+import pytest
+
+from stack_required import import_stack_module
+
+tf = import_stack_module("tensorflow")
+
+from horovod_prio.heter import roles as roles_mod  # noqa: E402
+from horovod_prio.heter.trainer import HeterTrainer  # noqa: E402
+
+pytestmark = pytest.mark.tf_stack      # roles' process sets come from horovod.common
+
+
+class FakeHvd:
+    def __init__(self, size, rank):
+        self._size, self._rank = size, rank
+
+    def size(self):
+        return self._size
+
+    def rank(self):
+        return self._rank
+
+
+def model(rows=10):
+    ids = tf.keras.Input((2,), dtype="int64", name="ids")
+    x = tf.keras.Input((3,), name="x")
+    e = tf.keras.layers.Flatten()(tf.keras.layers.Embedding(rows, 4, name="emb")(ids))
+    out = tf.keras.layers.Dense(1, name="out")(tf.keras.layers.Concatenate()([e, x]))
+    return tf.keras.Model([ids, x], out)
+
+
+def trainer(m, roles="ps=1,sparse=1,dense=1", size=3, rank=1):
+    return HeterTrainer(m, tf.keras.losses.MeanSquaredError(), tf.keras.optimizers.SGD(0.1),
+                        roles_mod.parse(roles, size),
+                        hvd=FakeHvd(size, rank))
+
+
+def test_roles_for_another_job_size_are_named():
+    r = roles_mod.parse("ps=1,sparse=1,dense=2", 4)
+    with pytest.raises(ValueError, match="HOROVOD_PRIO_HETER_ROLES: roles for 4 ranks, the job has 3"):
+        HeterTrainer(model(), tf.keras.losses.MeanSquaredError(), tf.keras.optimizers.SGD(0.1),
+                     r, hvd=FakeHvd(3, 0))
+
+
+def test_more_shards_than_rows_is_named():
+    with pytest.raises(ValueError, match="3 parameter-server shards but table 'emb' has only 2 rows"):
+        trainer(model(rows=2), "ps=3,sparse=1,dense=1", size=5)
+
+
+def test_sparse_layer_that_is_not_an_embedding_is_named():
+    ids = tf.keras.Input((4,), dtype="int32", name="ids")
+
+    class Pool(tf.keras.layers.Layer):
+        def call(self, e):
+            return tf.math.unsorted_segment_sum(e, tf.zeros([4], tf.int32), 1)
+
+    e = tf.keras.layers.Embedding(20, 8, name="emb")(ids)
+    out = tf.keras.layers.Dense(1)(Pool(name="pool")(e))
+    with pytest.raises(ValueError, match="sparse-kind layer 'pool' is a Pool"):
+        trainer(tf.keras.Model(ids, out))
+
+
+def test_bad_batches_are_named_before_any_collective():
+    t = trainer(model())
+    x = {"ids": np.array([[0, 1], [2, 3]]), "x": np.zeros((2, 3), np.float32)}
+    y = np.zeros((2, 1), np.float32)
+    t.check_batch(x, y)
+    with pytest.raises(ValueError, match=r"input 'ids': ids \[-1, 10\] out of table 'emb''s rows 0-9"):
+        t.check_batch(dict(x, ids=np.array([[0, 10], [-1, 3]])), y)
+    with pytest.raises(ValueError, match=r"input 'ids': shape \(2, 3\), expected \(2,\) \+ \(2,\)"):
+        t.check_batch(dict(x, ids=np.zeros((2, 3), np.int64)), y)
+    with pytest.raises(ValueError, match="batch has no input 'x'"):
+        t.check_batch({"ids": x["ids"]}, y)
+    with pytest.raises(ValueError, match="global batch of 1 samples is smaller than"):
+        trainer(model(), "ps=1,sparse=2,dense=1", size=4).check_batch(
+            {"ids": x["ids"][:1], "x": x["x"][:1]}, y[:1])
