@@ -5,6 +5,8 @@ this module's namespace), except ``DistributedOptimizer``,
 ``DistributedGradientTape`` and ``PartialDistributedGradientTape``, which
 take every Horovod argument plus ``priority=PriorityConfig(...)``.
 """
+import tensorflow as _tf  # our code is plain Python: autograph must never convert it
+
 import horovod.tensorflow as _hvd
 
 from horovod_prio.method.config import PriorityConfig
@@ -13,6 +15,7 @@ from horovod_prio.tensorflow import optimizer as _opt
 globals().update({_n: getattr(_hvd, _n) for _n in dir(_hvd) if not _n.startswith("_")})
 
 
+@_tf.autograph.experimental.do_not_convert
 def DistributedOptimizer(optimizer, *args, priority=None, **kwargs):
     """horovod.tensorflow.DistributedOptimizer + ``priority=PriorityConfig``."""
     config = _opt.resolve_config(priority)
@@ -30,6 +33,7 @@ def DistributedOptimizer(optimizer, *args, priority=None, **kwargs):
     return _opt.install(dist, name, config, hvd_args, passthrough)
 
 
+@_tf.autograph.experimental.do_not_convert
 def DistributedGradientTape(gradtape, *args, priority=None, **kwargs):
     """horovod.tensorflow.DistributedGradientTape + ``priority=PriorityConfig``."""
     config = _opt.resolve_config(priority)
@@ -39,6 +43,7 @@ def DistributedGradientTape(gradtape, *args, priority=None, **kwargs):
     return _opt.install(tape, "DistributedGradientTape", config, hvd_args, passthrough)
 
 
+@_tf.autograph.experimental.do_not_convert
 def PartialDistributedGradientTape(gradtape, *args, priority=None, **kwargs):
     """horovod.tensorflow.PartialDistributedGradientTape + ``priority=PriorityConfig``:
     ``local_layers``' gradients stay local (scaled as Horovod scales them), the

@@ -32,6 +32,7 @@ How it works (details in docs/overlap.md):
   ``get_weights``, ``set_weights``, ``test_on_batch``, ``predict_on_batch``
   flush first; so do callbacks that may touch weights between steps.
 """
+
 import ctypes
 import functools
 import inspect
@@ -940,6 +941,7 @@ class _ModelHooks:
         return call
 
 
+@tf.autograph.experimental.do_not_convert
 def overlap(model, optimizer=None):
     """Barrier crossing for a Keras model (and/or a horovod_prio DistributedOptimizer).
 
@@ -987,6 +989,7 @@ def _warn_one_inter_op_thread():
                 "math); set tf.config.threading.set_inter_op_parallelism_threads(2) or more")
 
 
+@tf.autograph.experimental.do_not_convert
 def flush(target=None, timeout=None):
     """Apply every pending overlapped update of ``target`` (a model or optimizer given
     to :func:`overlap`; default: all of this process) before returning. A local

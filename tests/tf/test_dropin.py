@@ -115,3 +115,18 @@ def test_default_chunk_size_follows_the_step_gradient_bytes(tmp_path, credit):
     # the worker's fit runs 2 steps (8 samples, batch 4): every byte reduced once per step
     per_step = sum(b * n for b, n in sizes.items()) / 2
     assert per_step == step_bytes, (per_step, step_bytes, sizes)
+
+def test_our_entry_points_are_never_converted_by_autograph():
+    """Users build tapes and optimizers inside their own tf.function (autograph on);
+    autograph must not convert our plain-Python code (a converted copy of a function
+    that sets module state sets it in autograph's namespace: Horovod's
+    test_model_parallel_model failed so under Open MPI, and every first eager use
+    failed so before the loader was guarded)."""
+    from tensorflow.python.autograph.impl import api
+    import horovod_prio.tensorflow as prio_tf
+    import horovod_prio.tensorflow.keras as prio_keras
+    from horovod_prio.tensorflow import ops
+    for fn in (prio_tf.DistributedOptimizer, prio_tf.DistributedGradientTape,
+               prio_tf.PartialDistributedGradientTape, prio_keras.DistributedOptimizer,
+               prio_keras.load_model, prio_keras.overlap, prio_keras.flush, ops.load):
+        assert api.is_autograph_artifact(fn), fn

@@ -27,6 +27,7 @@ globals().update({_n: getattr(_hvd_keras, _n) for _n in dir(_hvd_keras)
 from horovod_prio.tensorflow.keras import callbacks, elastic  # noqa: E402,F401
 
 
+@_tf.autograph.experimental.do_not_convert
 def DistributedOptimizer(optimizer, *args, priority=None, **kwargs):
     """horovod.tensorflow.keras.DistributedOptimizer + ``priority=PriorityConfig``."""
     config = _opt.resolve_config(priority)
@@ -37,6 +38,7 @@ def DistributedOptimizer(optimizer, *args, priority=None, **kwargs):
                         passthrough)
 
 
+@_tf.autograph.experimental.do_not_convert
 def load_model(*args, priority=None, **kwargs):
     """horovod.tensorflow.keras.load_model (every argument, same meaning) whose
     optimizer schedules by priority."""
