@@ -204,7 +204,6 @@ MODES = {
     "callbacks": lambda impl: run_fit(impl, callbacks=horovod_callbacks),
     "partial_tape": lambda impl: run_tape(impl, partial=True),
     "groups": lambda impl: run_fit(impl, num_groups=2),
-    "adasum": lambda impl: run_fit(impl, op=hvd_keras.Adasum),
     "fit_adam": lambda impl: run_fit(impl, opt=tf.keras.optimizers.Adam),
     "tape": run_tape,
     "tape_eager": lambda impl: run_tape(impl, eager=True),
