@@ -157,7 +157,7 @@ def _horovodrun(controller, np, args, cwd, log_path, timeout, extra_env=None):
     # loopback only, as root (what tests/tf/hvdrun.py sets)
     for key, value in (("OMPI_ALLOW_RUN_AS_ROOT", "1"), ("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1"),
                        ("OMPI_MCA_btl", "self,tcp"), ("OMPI_MCA_btl_tcp_if_include", "lo"),
-                       ("OMPI_MCA_oob_tcp_if_include", "lo")):
+                       ("OMPI_MCA_oob_tcp_if_include", "lo"), ("OMPI_MCA_mpi_yield_when_idle", "1")):
         env.setdefault(key, value)
     env.update(extra_env or {})
     start = time.monotonic()
