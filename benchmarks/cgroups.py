@@ -57,7 +57,7 @@ from horovod_prio.method import units
 
 from horovod_prio.method.units import parse_duration_s
 
-from .netns import HarnessError, require_root
+from .netns import HarnessError, _pid_alive, require_root
 
 PREFIX = "hprio-cg-"
 CGROUP_ROOT = Path("/sys/fs/cgroup")
@@ -270,16 +270,6 @@ def detect_layout() -> Layout:
 
 
 # ---------------------------------------------------------------- live groups
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
 def _read_pids(d: Path) -> list[int]:
     try:
         return [int(x) for x in (d / "cgroup.procs").read_text().split()]
@@ -478,31 +468,26 @@ def cleanup_stale(layout: Layout | None = None, prefix: str = PREFIX,
     live = {d for cg in list(_live) for d in cg._made}
     removed = []
     pat = re.compile(re.escape(prefix) + r"(\d+)-")
-    for mount in dict.fromkeys(layout.mounts.values()):
-        stack = [(Path(mount), 0)]
-        while stack:
-            d, lvl = stack.pop()
-            try:
-                subs = [p for p in d.iterdir() if p.is_dir()]
-            except OSError:
+    for p in _harness_dirs(layout, prefix, depth):
+        m = pat.match(p.name)
+        if m:
+            pid = int(m.group(1))
+            if p in live or (pid != os.getpid() and _pid_alive(pid)):
                 continue
-            for p in subs:
-                m = pat.match(p.name)
-                if m:
-                    pid = int(m.group(1))
-                    if p in live or (pid != os.getpid() and _pid_alive(pid)):
-                        continue
-                    if remove_dir(p):
-                        removed.append(str(p))
-                elif lvl + 1 < depth:
-                    stack.append((p, lvl + 1))
+            if remove_dir(p):
+                removed.append(str(p))
     return removed
 
 
 def list_groups(prefix: str = PREFIX, layout: Layout | None = None, depth: int = 4) -> list[str]:
     """Every directory named ``<prefix>...`` within ``depth`` levels of the roots."""
     layout = layout or detect_layout()
-    out = []
+    return sorted(str(p) for p in _harness_dirs(layout, prefix, depth))
+
+
+def _harness_dirs(layout: Layout, prefix: str, depth: int):
+    """Directories named ``<prefix>...`` within ``depth`` levels of every
+    controller root (not descending into them)."""
     for mount in dict.fromkeys(layout.mounts.values()):
         stack = [(Path(mount), 0)]
         while stack:
@@ -513,10 +498,9 @@ def list_groups(prefix: str = PREFIX, layout: Layout | None = None, depth: int =
                 continue
             for p in subs:
                 if p.name.startswith(prefix):
-                    out.append(str(p))
+                    yield p
                 elif lvl + 1 < depth:
                     stack.append((p, lvl + 1))
-    return sorted(out)
 
 
 @atexit.register
