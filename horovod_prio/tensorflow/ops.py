@@ -29,7 +29,7 @@ import tensorflow as tf
 
 from horovod_prio.scheduler import BUILD_HINT, SchedulerError, library_path as scheduler_path
 
-__all__ = ["KernelLibraryError", "kernel_library_path", "load", "gate", "allreduce", "done",
+__all__ = ["KernelLibraryError", "kernel_library_path", "load", "library", "gate", "allreduce", "done",
            "step_begin", "step_end", "StepClock", "independent"]
 
 _HERE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "kernels")
@@ -55,9 +55,39 @@ def kernel_library_path(tf_version=None):
     return os.path.realpath(path)
 
 
+# Every C function of the kernel library, declared once: (name, restype, argtypes).
+_i64, _int, _dbl, _cp = ctypes.c_int64, ctypes.c_int, ctypes.c_double, ctypes.c_char_p
+_C_FUNCTIONS = (
+    # the step clock (kernels/ops.cc)
+    ("hvdprio_tf_slot_new", _i64, [ctypes.POINTER(ctypes.c_int32), _i64]),
+    ("hvdprio_tf_set_priorities", _int, [_i64, ctypes.POINTER(ctypes.c_int32), _i64]),
+    ("hvdprio_tf_wait", _int, [_dbl]),
+    ("hvdprio_tf_take_steps", _i64, [_i64, ctypes.POINTER(_dbl), _i64, ctypes.POINTER(_i64)]),
+    ("hvdprio_tf_steps_begun", _i64, []),
+    ("hvdprio_tf_wake", None, []),
+    # barrier crossing's channels (kernels/overlap.cc)
+    ("hvdprio_overlap_new", _i64, [_cp, _i64, _i64, _i64]),
+    ("hvdprio_overlap_flush", _int, [_i64, _dbl]),
+    ("hvdprio_overlap_fail", None, [_i64, _cp]),
+    ("hvdprio_overlap_close", None, [_i64]),
+    ("hvdprio_overlap_state", _int, [_i64]),
+    ("hvdprio_overlap_error", _i64, [_i64, _cp, _i64]),
+    ("hvdprio_overlap_stats_fields", _cp, []),
+    ("hvdprio_overlap_stats", _int, [_i64, ctypes.POINTER(_i64), _int]),
+    ("hvdprio_overlap_set_tracing", None, [_int]),
+    ("hvdprio_overlap_drain_events", _i64, [_cp, _i64]),
+)
+
+
 @tf.autograph.experimental.do_not_convert
 def load():
-    """Load (once) and return the op module.
+    """Load (once) and return the op module (:func:`library` gives the C functions too)."""
+    return library()[0]
+
+
+@tf.autograph.experimental.do_not_convert
+def library():
+    """``(op module, ctypes library)`` of the kernel library: the one loader of it.
 
     Never converted by autograph: a converted copy of this function would
     assign the module globals below in autograph's namespace, not this
@@ -66,7 +96,7 @@ def load():
     global _ops, _cdll
     with _lock:
         if _ops is not None:
-            return _ops
+            return _ops, _cdll
         scheduler_path()  # a clear error if the scheduler library is missing
         path = kernel_library_path()
         try:
@@ -76,16 +106,7 @@ def load():
                 "cannot load the horovod_prio kernels %s (%s: %s); they were probably built "
                 "against another TensorFlow: %s" % (path, type(e).__name__, e, BUILD_HINT)) from e
         lib = ctypes.CDLL(path)
-        i64, dbl = ctypes.c_int64, ctypes.c_double
-        i32p = ctypes.POINTER(ctypes.c_int32)
-        for name, res, args in (
-                ("hvdprio_tf_slot_new", i64, [i32p, i64]),
-                ("hvdprio_tf_set_priorities", ctypes.c_int, [i64, i32p, i64]),
-                ("hvdprio_tf_wait", ctypes.c_int, [dbl]),
-                ("hvdprio_tf_take_steps", i64, [i64, ctypes.POINTER(dbl), i64,
-                                                ctypes.POINTER(i64)]),
-                ("hvdprio_tf_steps_begun", i64, []),
-                ("hvdprio_tf_wake", None, [])):
+        for name, res, args in _C_FUNCTIONS:
             try:
                 fn = getattr(lib, name)
             except AttributeError as e:
@@ -94,7 +115,7 @@ def load():
             fn.restype, fn.argtypes = res, args
         _register_gradients()
         _cdll, _ops = lib, ops
-        return _ops
+        return _ops, _cdll
 
 
 def _register_gradients():

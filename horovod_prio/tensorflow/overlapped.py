@@ -55,8 +55,7 @@ __all__ = ["overlap", "flush", "OverlapError", "Channel", "channels", "stats"]
 log = logging.getLogger("horovod_prio")
 
 _lock = threading.RLock()
-_lib = None
-_tf_ops = None
+_no_gradients = [False]   # the overlap ops are registered as not differentiable
 _event_source = [False]
 
 EAGER_MSG = (
@@ -73,33 +72,10 @@ class OverlapError(RuntimeError):
 
 # --------------------------------------------------------------------------- C library
 def _load():
-    """(op module, ctypes library) of the kernel library, loaded once."""
-    global _lib, _tf_ops
-    with _lock:
-        if _lib is not None:
-            return _tf_ops, _lib
-        tf_ops = ops.load()
-        path = ops.kernel_library_path()
-        lib = ctypes.CDLL(path)
-        i64, c_int, dbl, cp = ctypes.c_int64, ctypes.c_int, ctypes.c_double, ctypes.c_char_p
-        for name, res, args in (
-                ("hvdprio_overlap_new", i64, [cp, i64, i64, i64]),
-                ("hvdprio_overlap_flush", c_int, [i64, dbl]),
-                ("hvdprio_overlap_fail", None, [i64, cp]),
-                ("hvdprio_overlap_close", None, [i64]),
-                ("hvdprio_overlap_state", c_int, [i64]),
-                ("hvdprio_overlap_error", i64, [i64, cp, i64]),
-                ("hvdprio_overlap_stats_fields", cp, []),
-                ("hvdprio_overlap_stats", c_int, [i64, ctypes.POINTER(i64), c_int]),
-                ("hvdprio_overlap_set_tracing", None, [c_int]),
-                ("hvdprio_overlap_drain_events", i64, [cp, i64])):
-            try:
-                fn = getattr(lib, name)
-            except AttributeError as e:
-                raise ops.KernelLibraryError(
-                    "stale kernel library %s without the overlap kernels (%s): rebuild it with "
-                    "`python setup.py build_ext --inplace` or `make install`" % (path, e)) from e
-            fn.restype, fn.argtypes = res, args
+    """(op module, ctypes library) of the kernel library (:func:`ops.library`, its one
+    loader); the overlap ops have no gradient."""
+    tf_ops, lib = ops.library()
+    if not _no_gradients[0]:
         from tensorflow.python.framework import ops as tf_framework_ops
         for op_type in ("HvdPrioOverlapBegin", "HvdPrioOverlapPost", "HvdPrioOverlapWait",
                         "HvdPrioOverlapTakeBegin", "HvdPrioOverlapTake",
@@ -108,8 +84,8 @@ def _load():
                 tf_framework_ops.NotDifferentiable(op_type)
             except KeyError:
                 pass
-        _tf_ops, _lib = tf_ops, lib
-        return _tf_ops, _lib
+        _no_gradients[0] = True
+    return tf_ops, lib
 
 
 STATS_FIELDS = ("begun", "started", "finished", "dropped", "live", "posts", "takes", "waits",

@@ -45,6 +45,11 @@ struct Slot {
   int64_t dropped = 0;
 };
 
+// Process-wide on purpose: the kernels are created by TensorFlow's executor
+// (no handle of ours reaches them), and a StepBegin/StepEnd op names its slot
+// by an integer attr, so the slots must live where every kernel instance finds
+// them. The runtime owns which slots exist (one per monitor) through the C
+// functions below.
 std::mutex g_clock_mu;
 std::condition_variable g_clock_cv;
 std::vector<Slot> g_slots;

@@ -104,6 +104,11 @@ struct Channel {
           waits_blocked = 0, layers_applied = 0;
 };
 
+// Process-wide on purpose: the channel kernels are created by TensorFlow's
+// executor in two different function calls (the training call posts, the
+// background call takes) and name their channel by an integer attr, so the
+// channels must live where both find them. The TF binding's overlap state
+// creates and closes them through the C functions below.
 std::mutex g_mu;
 std::condition_variable g_cv;  // flushers
 std::vector<std::unique_ptr<Channel>> g_channels;
