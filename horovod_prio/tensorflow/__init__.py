@@ -20,7 +20,7 @@ def DistributedOptimizer(optimizer, *args, priority=None, **kwargs):
     """horovod.tensorflow.DistributedOptimizer + ``priority=PriorityConfig``."""
     config = _opt.resolve_config(priority)
     hvd_args = _opt.bound_arguments(_hvd.DistributedOptimizer, (optimizer,) + args, kwargs)
-    passthrough = _opt.check_supported(config, hvd_args, "DistributedOptimizer")
+    passthrough = _opt.horovod_path_reason(config, hvd_args)
     dist = _hvd.DistributedOptimizer(optimizer, *args, **kwargs)
     if not hasattr(dist, "_allreduce_grads"):
         # e.g. the Adasum optimizer, which reduces deltas, not gradients: Horovod's own path.
@@ -38,7 +38,7 @@ def DistributedGradientTape(gradtape, *args, priority=None, **kwargs):
     """horovod.tensorflow.DistributedGradientTape + ``priority=PriorityConfig``."""
     config = _opt.resolve_config(priority)
     hvd_args = _opt.bound_arguments(_hvd.DistributedGradientTape, (gradtape,) + args, kwargs)
-    passthrough = _opt.check_supported(config, hvd_args, "DistributedGradientTape")
+    passthrough = _opt.horovod_path_reason(config, hvd_args)
     tape = _hvd.DistributedGradientTape(gradtape, *args, **kwargs)
     return _opt.install(tape, "DistributedGradientTape", config, hvd_args, passthrough)
 

@@ -103,13 +103,14 @@ class PriorityAllreduce:
             self.prescale = self.postscale = 1.0
         self._warned = set()
         self._graph_fn = None
-        reason = passthrough
-        if reason is None and not config.enabled:
-            reason = "disabled by configuration (HOROVOD_PRIO_ENABLED=0)"
-        elif reason is None and self.op == getattr(_hvd, "Adasum", None):
-            reason = "op=Adasum is not an elementwise reduction, chunked fusion would change it"
-        elif reason is None and self.process_set != _hvd.global_process_set:
-            reason = "a non-global process_set is used (rank 0 of the job orders releases)"
+        reason = passthrough   # (the optimizer's arguments: horovod_path_reason)
+        if reason is None:
+            if not config.enabled:
+                reason = "disabled by configuration (HOROVOD_PRIO_ENABLED=0)"
+            elif self.op == getattr(_hvd, "Adasum", None):
+                reason = "op=Adasum is not an elementwise reduction, chunked fusion would change it"
+            elif self.process_set != _hvd.global_process_set:
+                reason = "a non-global process_set is used (rank 0 of the job orders releases)"
         self.passthrough_reason = reason
         if reason:
             log.warning("horovod_prio: %s uses Horovod's own allreduce path: %s", name, reason)

@@ -42,7 +42,7 @@ def bound_arguments(hvd_fn, args, kwargs):
     return bound.arguments
 
 
-def check_supported(config, hvd_args, what):
+def horovod_path_reason(config, hvd_args):
     """Why this optimizer/tape must keep Horovod's own allreduce path (None: it need not).
 
     Horovod features the priority path cannot honour are not refused: the

@@ -32,7 +32,7 @@ def DistributedOptimizer(optimizer, *args, priority=None, **kwargs):
     """horovod.tensorflow.keras.DistributedOptimizer + ``priority=PriorityConfig``."""
     config = _opt.resolve_config(priority)
     hvd_args = _opt.bound_arguments(_hvd_keras.DistributedOptimizer, (optimizer,) + args, kwargs)
-    passthrough = _opt.check_supported(config, hvd_args, "DistributedOptimizer")
+    passthrough = _opt.horovod_path_reason(config, hvd_args)
     dist = _hvd_keras.DistributedOptimizer(optimizer, *args, **kwargs)
     return _opt.install(dist, _opt.optimizer_name(dist, hvd_args.get("name")), config, hvd_args,
                         passthrough)
