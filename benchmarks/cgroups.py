@@ -57,7 +57,7 @@ from horovod_prio.method import units
 
 from horovod_prio.method.units import parse_duration_s
 
-from .netns import HarnessError, _pid_alive, require_root
+from .netns import HarnessError, pid_alive, require_root
 
 PREFIX = "hprio-cg-"
 CGROUP_ROOT = Path("/sys/fs/cgroup")
@@ -472,7 +472,7 @@ def cleanup_stale(layout: Layout | None = None, prefix: str = PREFIX,
         m = pat.match(p.name)
         if m:
             pid = int(m.group(1))
-            if p in live or (pid != os.getpid() and _pid_alive(pid)):
+            if p in live or (pid != os.getpid() and pid_alive(pid)):
                 continue
             if remove_dir(p):
                 removed.append(str(p))

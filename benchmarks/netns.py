@@ -104,7 +104,7 @@ def namespace_pids(name: str) -> list[int]:
     return [int(x) for x in p.stdout.split() if x.isdigit()]
 
 
-def _pid_alive(pid: int) -> bool:
+def pid_alive(pid: int) -> bool:
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
@@ -119,7 +119,7 @@ def owned_by_another_live_process(name: str, prefix: str = PREFIX) -> bool:
     dir) belongs to a live process other than this one (a concurrent
     benchmark): stale clean-ups leave it alone."""
     m = re.match(re.escape(prefix) + r"(\d+)-", name)
-    return bool(m) and int(m.group(1)) != os.getpid() and _pid_alive(int(m.group(1)))
+    return bool(m) and int(m.group(1)) != os.getpid() and pid_alive(int(m.group(1)))
 
 
 def kill_namespace_processes(name: str, grace: float = 2.0) -> int:
