@@ -8,6 +8,8 @@ talks to the arbiter), so a summary is rank 0's; elsewhere it holds the
 chunk counters only.
 """
 
+from horovod_prio.scheduler import UNLIMITED
+
 __all__ = ["summary", "format_summary"]
 
 SCHEDULER_KEYS = ("submitted", "released", "completed", "abandoned", "cancelled",
@@ -56,8 +58,7 @@ def format_summary(s, overlap=None):
                      "at most %d B in flight (credit %s)" % (
                          sc["submitted"], sc["released"], sc["completed"], sc["abandoned"],
                          sc["max_inflight_bytes"],
-                         "none" if sc["credit_bytes"] <= 0 or sc["credit_bytes"] >= 2 ** 62
-                         else "%d B" % sc["credit_bytes"]))
+                         "none" if sc["credit_bytes"] == UNLIMITED else "%d B" % sc["credit_bytes"]))
     for name, st in sorted((overlap or {}).items()):
         lines.append("horovod_prio: %s overlap: %d steps in the background, %d layer waits "
                      "(%d blocked)" % (name, st.get("finished", 0), st.get("waits", 0),

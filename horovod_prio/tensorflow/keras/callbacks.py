@@ -33,6 +33,8 @@ def __getattr__(name):
     return getattr(_impl, name)
 
 
+import os  # noqa: E402
+
 import tensorflow as _tf  # noqa: E402
 
 
@@ -73,8 +75,7 @@ class PrioritySummaryCallback(_tf.keras.callbacks.Callback):
     def _write(self, rt):
         if self.log_dir is None:
             return
-        import os
-        import tensorflow as tf
+        tf = _tf
         if self._writer is None:
             self._writer = tf.summary.create_file_writer(os.path.join(self.log_dir,
                                                                       "horovod_prio"))
