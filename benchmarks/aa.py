@@ -18,14 +18,13 @@ Options that may narrow it: ``--threads``/``--inter-threads`` (TF threads per
 rank), ``--pin`` (job: both ranks on core 0; rank: rank r on core r; none),
 ``--rank-cgroup KIND[,key=value...]`` (each rank in a cgroup of its own with
 these limits, see ``benchmarks.cgroups``: e.g. ``custom,cpu=0.45,period=10ms``
-caps each rank at 0.45 core). Results: ``OUT/results.json`` (default
+caps each rank at 0.45 core). Results: ``OUT/results.json.gz`` (default
 ``results/bench/aa/latest``). Needs root (namespaces, tc, cgroups).
 """
 from __future__ import annotations
 
 import argparse
 import datetime as _dt
-import json
 import os
 import shutil
 import statistics
@@ -33,7 +32,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from . import cgroups, netns
+from . import cgroups, netns, results_io
 from .bounds import aa_resolution
 from .harness import (REPO, JobSpec, Progress, RunFailed, git_rev, job_command, positive_int,
                       preflight, rate_arg, workload_command)
@@ -218,8 +217,7 @@ def main(argv=None) -> int:
                                              if rec.get("s_per_step") else
                                              f": {(rec.get('error') or '').splitlines()[0][:100]}"
                                              if rec.get("error") else ""))
-            (out / "results.json").write_text(json.dumps({"meta": meta, "runs": records},
-                                                         indent=1))
+            results_io.save(out, {"meta": meta, "runs": records})
     except (KeyboardInterrupt, SystemExit):
         meta["interrupted"] = True
         sys.stderr.write("\n[aa] interrupted; cleaned up, partial results kept\n")
@@ -227,7 +225,7 @@ def main(argv=None) -> int:
         for cg in groups:
             cg.remove()
         shutil.rmtree(workroot, ignore_errors=True)
-    (out / "results.json").write_text(json.dumps({"meta": meta, "runs": records}, indent=1))
+    results_io.save(out, {"meta": meta, "runs": records})
     text = summary(records)
     (out / "results.md").write_text(f"# A/A probe\n\n`{meta['command']}`\n\n{text}\n")
     print(text)

@@ -35,7 +35,6 @@ from __future__ import annotations
 import argparse
 import datetime as _dt
 import ipaddress
-import json
 import os
 import re
 import secrets
@@ -47,7 +46,7 @@ from pathlib import Path
 from horovod_prio.method import units
 
 from .models import HARNESS_MODELS
-from . import netns, report
+from . import netns, report, results_io
 from .harness import (REPO, ArbiterProcess, JobSpec, Progress, RunFailed, cpus_for, git_rev,
                       positive_int, preflight, prio_env_arg, rate_arg, run_all, run_jobs)
 from .netns import HarnessError, ShapedLink
@@ -129,7 +128,7 @@ def build_parser():
     p.add_argument("--keep-raw", action="store_true",
                    help="keep per-run logs and traces under OUT/raw")
     p.add_argument("--report-only", action="store_true",
-                   help="no runs: re-render OUT/results.md (+ steps.png) from OUT/results.json, "
+                   help="no runs: re-render OUT/results.md (+ steps.png) from OUT/results.json.gz, "
                         "re-deriving the trace columns from OUT/raw when it exists")
     return p
 
@@ -376,7 +375,7 @@ def markdown(results: dict) -> str:
 
 def write_report(results: dict, out: Path) -> None:
     out.mkdir(parents=True, exist_ok=True)
-    (out / "results.json").write_text(json.dumps(results, indent=1))
+    results_io.save(out, results)
     (out / "results.md").write_text(markdown(results) + "\n")
     # step-time plot: reuse report.plot on repeat 0 of every config
     # (report.plot knows scenarios a/b/c only: show these as "b", the arbiter in the title)
@@ -440,7 +439,7 @@ def plot_timeline(runs: list[tuple[str, Path, tuple[float, float] | None]], path
 
 
 def report_only(out: Path) -> int:
-    results = json.loads((out / "results.json").read_text())
+    results = results_io.load(out)
     for rec in results["runs"]:
         raw = out / "raw" / str(rec.get("label"))
         if rec.get("status") == "ok" and raw.is_dir():

@@ -30,7 +30,7 @@ job plain Horovod (always run: the baseline of every ratio), ``prio`` = arb
 jobs without the arbiter (class dropped), ``spec`` = as given. Identical
 variants are run once.
 
-Recorded per run (``OUT/results.json``): per-job per-step wall times (rank
+Recorded per run (``OUT/results.json.gz``, see ``benchmarks.results_io``): per-job per-step wall times (rank
 0), the uplink's tc byte counters in both directions and every host's veth
 counters every ``--sample-interval`` s, the arbiter's ``--stats`` at the
 common start and at the end, per-job grant waits from the rank-0 traces
@@ -43,7 +43,6 @@ from __future__ import annotations
 
 import argparse
 import datetime as _dt
-import json
 import os
 import secrets
 import shutil
@@ -56,7 +55,7 @@ from pathlib import Path
 from horovod_prio.method import units
 
 from .models import HARNESS_MODELS
-from . import netns, report, testbed
+from . import netns, report, results_io, testbed
 from .harness import (REPO, ArbiterProcess, JobSpec, Progress, RunFailed, check_prio_available,
                       git_rev, horovodrun_path, job_env, positive_int, preflight, rate_arg,
                       run_all, run_jobs, workload_command)
@@ -239,7 +238,7 @@ def build_parser():
                         "more-cores, custom; keys cpu, period, weight, cpuset, memory; "
                         "see docs/testbed.md); repeatable")
     p.add_argument("--report-only", action="store_true",
-                   help="no runs: re-render OUT/results.md and the plots from OUT/results.json")
+                   help="no runs: re-render OUT/results.md and the plots from OUT/results.json.gz")
     return p
 
 
@@ -455,18 +454,9 @@ def add_trace_fields(rec: dict, workdir: Path) -> None:
     rec["arbiter_waits"] = waits
 
 
-def dump_results(results: dict) -> str:
-    """results.json text: the meta indented, then one compact line per run (a run
-    holds thousands of counter samples)."""
-    rest = {k: v for k, v in results.items() if k not in ("meta", "runs")}
-    head = json.dumps({"meta": results.get("meta", {}), **rest}, indent=1)
-    runs = ",\n".join(json.dumps(r, separators=(",", ":")) for r in results.get("runs", []))
-    return head[:-2] + ',\n "runs": [\n' + runs + "\n]\n}\n"
-
-
 def write_report(results: dict, out: Path) -> None:
     out.mkdir(parents=True, exist_ok=True)
-    (out / "results.json").write_text(dump_results(results))
+    results_io.save(out, results)
     (out / "results.md").write_text(report.cluster_markdown(results) + "\n")
     try:
         report.cluster_plot(results, out)
@@ -475,7 +465,7 @@ def write_report(results: dict, out: Path) -> None:
 
 
 def report_only(out: Path) -> int:
-    results = json.loads((out / "results.json").read_text())
+    results = results_io.load(out)
     write_report(results, out)
     sys.stdout.write(report.cluster_markdown(results) + "\n")
     return 0
@@ -530,7 +520,7 @@ def main(argv=None) -> int:
     if stopped is not None:
         return stopped
     sys.stdout.write(report.cluster_markdown(results) + "\n")
-    sys.stderr.write(f"[cluster] wrote {out}/results.json, results.md, steps.png, link.png, "
+    sys.stderr.write(f"[cluster] wrote {out}/results.json.gz, results.md, steps.png, link.png, "
                      "boost.png\n")
     return 1 if failed else 0
 

@@ -24,6 +24,8 @@ from pathlib import Path
 
 from horovod_prio.method.policy import AdaptivePriorityPolicy
 
+from . import results_io
+
 
 def threshold_before(xs):
     """The measured threshold until git 4922ebd (q90 by nearest rank, no cap)."""
@@ -61,9 +63,10 @@ def calibrations(results):
 def rows(dirs):
     out = []
     for d in dirs:
-        f = Path(d) / "results.json"
+        f = Path(d) / "results.json(.gz)"
         try:
-            results = json.loads(f.read_text())
+            f = results_io.results_path(d)
+            results = results_io.load(f)
         except (OSError, ValueError) as e:
             raise SystemExit(f"monitor_thresholds: cannot read {f}: {e}")
         for variant, rep, job, xs, applied in calibrations(results):

@@ -1,6 +1,6 @@
 """Statistics, markdown table and PNG plots from a benchmark results dict.
 
-    python -m benchmarks.report results/bench/quick/results.json [--out DIR]
+    python -m benchmarks.report results/bench/quick [--out DIR]
 
 Per run: each job's step times are its measured steps (warmup excluded); when
 several jobs ran, only steps that lie entirely inside the overlap window
@@ -16,7 +16,6 @@ usage from the testbed's counters, arbiter grants, recovery after a join).
 from __future__ import annotations
 
 import argparse
-import json
 import re
 import statistics
 import sys
@@ -906,11 +905,13 @@ def aa_line(pairs) -> str:
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="python -m benchmarks.report")
-    ap.add_argument("results", help="results.json written by benchmarks.run")
-    ap.add_argument("--out", help="output dir (default: next to results.json)")
+    ap.add_argument("results", help="a benchmarks.run output folder or its results.json(.gz)")
+    ap.add_argument("--out", help="output dir (default: the results file's folder)")
     a = ap.parse_args(argv)
-    res = json.loads(Path(a.results).read_text())
-    w = write_report(res, Path(a.out) if a.out else Path(a.results).parent)
+    from . import results_io
+    path = results_io.results_path(a.results)
+    res = results_io.load(path)
+    w = write_report(res, Path(a.out) if a.out else path.parent)
     print(markdown(res))
     print("wrote " + ", ".join(str(v) for v in w.values()), file=sys.stderr)
     return 0

@@ -17,11 +17,12 @@ from __future__ import annotations
 
 import argparse
 import datetime as _dt
-import json
 import re
 import subprocess
 import sys
 from pathlib import Path
+
+from .results_io import read_json
 
 REPO = Path(__file__).resolve().parent.parent
 RESULTS = REPO / "results"
@@ -44,8 +45,8 @@ def entries(root: Path = RESULTS) -> list[Path]:
 
 def _load_json(path: Path):
     try:
-        return json.loads(path.read_text())
-    except (OSError, ValueError):
+        return read_json(path)
+    except (OSError, ValueError, EOFError):
         return None
 
 
@@ -84,7 +85,7 @@ def describe(entry: Path) -> dict:
     """``{"date", "git", "command", "load", "source"}`` of one entry (None = not recorded;
     ``source`` is the free-text origin a profile JSON records instead of a command)."""
     info = {"date": None, "git": None, "command": None, "load": None, "source": None}
-    files = [entry] if entry.is_file() else sorted(entry.glob("*.json"))
+    files = [entry] if entry.is_file() else sorted([*entry.glob("*.json"), *entry.glob("*.json.gz")])
     for f in files:
         d = _load_json(f)
         if not isinstance(d, dict):

@@ -143,7 +143,7 @@ def build_parser():
                    help="fail a run when no step finishes for this many seconds")
     p.add_argument("--out", default=None, help="results dir (default results/bench/<quick|full>)")
     p.add_argument("--resume", action="store_true",
-                   help="finish an interrupted sweep: keep the ok runs of OUT/results.json (made by "
+                   help="finish an interrupted sweep: keep the ok runs of OUT/results.json.gz (made by "
                         "the same command) and run only the rest")
     p.add_argument("--keep-raw", action="store_true", help="keep raw per-job logs under OUT/raw")
     return p
@@ -313,7 +313,7 @@ def main(argv=None) -> int:
         return stopped
     from . import report
     sys.stdout.write(report.markdown(results) + "\n")
-    sys.stderr.write(f"[bench] wrote {out}/results.json, results.md, steps.png\n")
+    sys.stderr.write(f"[bench] wrote {out}/results.json.gz, results.md, steps.png\n")
     return 1 if failed else 0
 
 
@@ -324,12 +324,13 @@ def run_key(r: dict) -> tuple:
 def resumable(out: Path, command: str) -> tuple[dict, dict]:
     """The meta and the ok runs (by ``run_key``) of an earlier invocation of
     ``command`` whose results are in ``out``; ValueError naming what does not fit."""
-    path = out / "results.json"
+    from . import results_io
     try:
-        old = json.loads(path.read_text())
+        path = results_io.results_path(out)
+        old = results_io.load(path)
         meta, old_runs = old["meta"], old["runs"]
     except FileNotFoundError:
-        raise ValueError(f"nothing to resume: {path} does not exist") from None
+        raise ValueError(f"nothing to resume: {out / results_io.COMPACT} does not exist") from None
     except (ValueError, KeyError, TypeError) as e:
         raise ValueError(f"{path} is not a benchmarks.run results file ({e})") from None
     if meta.get("command") != command:
@@ -339,8 +340,8 @@ def resumable(out: Path, command: str) -> tuple[dict, dict]:
 
 
 def _write(results: dict, out: Path) -> None:
-    from . import report
-    (out / "results.json").write_text(json.dumps(results, indent=1))
+    from . import report, results_io
+    results_io.save(out, results)
     report.write_report(results, out)
 
 

@@ -477,9 +477,11 @@ def _overhead_arg(text: str):
 
 
 def _load(p, d: Path, what: str) -> dict:
-    f = d / "results.json"
+    from . import results_io
+    f = d / "results.json(.gz)"
     try:
-        return json.loads(f.read_text())
+        f = results_io.results_path(d)
+        return results_io.load(f)
     except (OSError, ValueError) as e:
         p.error(f"argument {what}: cannot read {f}: {e}")
 
@@ -487,7 +489,7 @@ def _load(p, d: Path, what: str) -> dict:
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(prog="python -m benchmarks.sim_check", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("dir", help="a benchmarks.cluster output folder (results.json)")
+    p.add_argument("dir", help="a benchmarks.cluster output folder (results.json.gz)")
     p.add_argument("--profile", required=True,
                    help="profile JSON of the model at the run's batch (benchmarks.profile_model)")
     p.add_argument("--calibrate", metavar="ALONE",

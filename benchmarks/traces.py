@@ -12,15 +12,16 @@ Timestamps in the trace are wall-clock microseconds (``time.time() * 1e6``).
 """
 from __future__ import annotations
 
-import json
 import statistics
 from pathlib import Path
+
+from .results_io import read_json
 
 
 def trace_events(path: Path) -> list[dict]:
     try:
-        data = json.loads(path.read_text())
-    except (OSError, ValueError):
+        data = read_json(path)
+    except (OSError, ValueError, EOFError):
         return []
     evs = data.get("traceEvents", []) if isinstance(data, dict) else data
     return [e for e in evs if isinstance(e, dict)] if isinstance(evs, list) else []

@@ -10,11 +10,12 @@ every job sends crosses that one qdisc: the simulator's ``topology="bus"``
 Reference, measured with plain Horovod (issue 4): 0.45 s/step alone,
 0.80-0.84 s/step with a second identical job on the link; comm-only floor
 0.40 s / 0.80 s. Measurements the harness writes later to
-``results/bench/*/results.json`` are added to the table when present.
+``results/bench/*/results.json(.gz)`` are added to the table when present.
 """
 from __future__ import annotations
 
 import glob
+import gzip
 import json
 import os
 import statistics
@@ -61,11 +62,12 @@ def measured_from_harness(pattern: Optional[str] = None) -> Dict[Tuple[str, int]
     """``{(impl, jobs): [median step time per job and repeat]}`` for MLP
     batch-32 1gbit runs found in the harness's results files (all jobs of a
     run with the same impl). Unreadable files are skipped."""
-    pattern = pattern or os.path.join(REPO, "results", "bench", "*", "results.json")
+    pattern = pattern or os.path.join(REPO, "results", "bench", "*", "results.json*")
     out: Dict[Tuple[str, int], List[float]] = {}
     for path in sorted(glob.glob(pattern)):
         try:
-            with open(path) as f:
+            # the benchmarks store results gzip-compressed (benchmarks/results_io.py)
+            with (gzip.open(path, "rt") if path.endswith(".gz") else open(path)) as f:
                 data = json.load(f)
             for run in data.get("runs", []):
                 cfg = run.get("config") or []
@@ -80,7 +82,7 @@ def measured_from_harness(pattern: Optional[str] = None) -> Dict[Tuple[str, int]
                          if not s.get("warmup")]
                     if d:
                         out.setdefault((cfg[0], len(cfg)), []).append(statistics.median(d))
-        except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        except (OSError, EOFError, ValueError, KeyError, TypeError, AttributeError):
             continue
     return out
 
@@ -130,7 +132,7 @@ def validate(profile_path: Optional[str] = None, steps: int = 60,
             "ranks_per_core": ranks_per_core, "link": vars(link), "rows": rows,
             "predictions": predictions,
             "harness_files": sorted(glob.glob(os.path.join(REPO, "results", "bench", "*",
-                                                           "results.json")))}
+                                                           "results.json*")))}
 
 
 def predict_harness_sweep(rates=("500mbit", "1gbit", "2gbit"), batches=(8, 32, 128),

@@ -5,7 +5,7 @@ import json
 import pytest
 
 from benchmarks import arbiter_bench as ab
-from benchmarks import traces
+from benchmarks import results_io, traces
 
 
 def _err(capsys, argv):
@@ -130,7 +130,7 @@ def test_summary_and_markdown_from_fixture(tmp_path, monkeypatch):
     assert "1.18×" in md and "40/200" in md and "80%" in md
     assert "Failed (arb-r3): job job0 (prio) exited with status 1: boom" in md
     ab.write_report(res, tmp_path)
-    assert json.loads((tmp_path / "results.json").read_text())["runs"][0]["config_name"] == "hvd"
+    assert results_io.load(tmp_path)["runs"][0]["config_name"] == "hvd"
     assert (tmp_path / "results.md").read_text().startswith("Command:")
     # the plot gets repeat 0 of each config, the arbiter named in the title's config
     assert [r["config"] for r in plotted[0]["runs"]] == [

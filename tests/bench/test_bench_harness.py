@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from benchmarks import harness, netns, report, run, workload
+from benchmarks import harness, netns, report, results_io, run, workload
 from benchmarks.netns import HarnessError, ShapedLink
 from stack_required import needs, stack_missing
 
@@ -168,17 +168,17 @@ def test_resume_runs_only_what_an_interrupted_sweep_left(tmp_path, monkeypatch, 
     executed = []
     _fake_sweep(monkeypatch, executed)
     assert run.main(argv) == 0
-    first = json.loads((tmp_path / "results.json").read_text())
+    first = results_io.load(tmp_path)
     assert len(executed) == 8
     # interrupted after 5 runs, the last of them failed
     first["runs"] = first["runs"][:5]
     first["runs"][4]["status"] = "failed"
-    (tmp_path / "results.json").write_text(json.dumps(first))
+    results_io.save(tmp_path, first)
     executed.clear()
     assert run.main(argv + ["--resume"]) == 0
     keys = [run.run_key(r) for r in run.plan(run.parse_args(argv), prio_ok=True)]
     assert executed == keys[4:]                  # the failed run and the three never run
-    done = json.loads((tmp_path / "results.json").read_text())
+    done = results_io.load(tmp_path)
     assert [run.run_key(r) for r in done["runs"]] == keys
     assert all(r["status"] == "ok" for r in done["runs"])
     meta = done["meta"]
