@@ -241,12 +241,14 @@ def test_main_runs_the_matrix_through_the_runners_and_writes_one_folder(tmp_path
 
     def bench_exec(r, args, workroot, progress):
         calls.append(("bench", tuple(r["config"]), r["batch"], r["repeat"]))
+        assert workroot.name == "one-job" or workroot.name == "overlap-mnv2"   # own folder
         dt = {"horovod": 0.80, "prio": 0.79, h.AA_CONTROL: 0.81, "overlap": 0.5}[r["config"][0]]
         return dict(r, label="x", status="ok", error=None, loadavg_before=1.0, loadavg_after=1.0,
                     jobs=[_job(f"job{i}", dt) for i in range(len(r["config"]))])
 
     def cluster_exec(r, args, workroot, secret_file, progress):
         calls.append(("cluster", r["variant"], r["repeat"]))
+        assert workroot.name == "classes"
         assert secret_file.exists()
         dt = 0.4 if r["variant"] == "hvd" else 0.3
         return dict(r, label="x", status="ok", error=None, rate=args.rate, loadavg_before=1.0,
@@ -272,6 +274,9 @@ def test_main_runs_the_matrix_through_the_runners_and_writes_one_folder(tmp_path
     assert one["bound"]["source"] == "link floor"
     assert res["aa"]["pairs"] == [[pytest.approx(0.80, rel=1e-2), pytest.approx(0.81, rel=1e-2)]]
     assert res["rows"][2]["bound"]["s"] == pytest.approx(0.3, rel=1e-2)   # alone, ours
+    # testbed rows carry the simulator's prediction (the measured MLP b64 profile)
+    assert set(res["rows"][2]["sim"]) == {"base", "ours"}
+    assert "testbed" in res["rows"][0]["sim"]["reason"]
     md = (out / "results.md").read_text()
     assert md.startswith("Command: `python -m benchmarks.headline --quick")
     assert "A/A resolution over 1 pair(s)" in md
