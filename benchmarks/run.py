@@ -1,6 +1,6 @@
 """Run Horovod / horovod_prio jobs on one emulated shared link.
 
-    sudo .venv/bin/python -m benchmarks.run --quick            # what `make bench` runs
+    sudo .venv/bin/python -m benchmarks.run --quick            # scenarios a+b, < 5 min
     sudo .venv/bin/python -m benchmarks.run --scenario all --repeats 3 --rate 1gbit
 
 Scenarios (every run gets a fresh network namespace whose ``lo`` is shaped by
