@@ -228,7 +228,7 @@ def compact(key: str, runner: str, rec: dict) -> dict:
     load, and the step times a row needs (no step series)."""
     out = {"scenario": key, "repeat": rec.get("repeat"), "status": rec.get("status"),
            "error": ((rec.get("error") or "").splitlines() or [""])[0][:200] or None,
-           "loadavg": [rec.get("loadavg_before"), rec.get("loadavg_after")]}
+           "loadavg_before": rec.get("loadavg_before"), "loadavg_after": rec.get("loadavg_after")}
     if runner == "bench":
         out.update(config=list(rec.get("config") or []), batch=rec.get("batch"),
                    rate=rec.get("rate"))

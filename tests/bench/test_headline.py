@@ -211,6 +211,8 @@ def test_compact_keeps_a_runs_values_not_its_series():
     c = h.compact("one-job", "bench", rec)
     assert c["s_per_step"] == pytest.approx(report.run_stats(rec)["mean_of_jobs"])
     assert (c["grad_bytes"], c["ranks"], c["repeat"], c["batch"]) == (1000, 2, 1, 1024)
+    from benchmarks import results_index                 # the index reads the load from runs
+    assert results_index._loads([c]) == [1.0, 2.0]
     assert "jobs" not in c and "link_samples" not in c
     failed = h.compact("classes", "cluster", dict(rec, status="failed", error="boom\ntail",
                                                   variant="spec"))
