@@ -222,6 +222,14 @@ def estimate_s(scens: list[Scenario], plans: dict) -> float:
     return sum(s.est_run_s * sum(1 for r in plans[s.key] if not r.get("skip")) for s in scens)
 
 
+def time_left_s(est: list[float], done: int, elapsed: float) -> float:
+    """Seconds left after ``done`` of the runs whose estimates are ``est``: the
+    estimates of the rest, scaled by how the finished runs compared to theirs
+    (a loaded box runs slower than the estimates)."""
+    spent = sum(est[:done])
+    return sum(est[done:]) * (elapsed / spent if done and spent > 0 else 1.0)
+
+
 # ---------------------------------------------------------------- per run: the compact record
 def compact(key: str, runner: str, rec: dict) -> dict:
     """What results.json keeps of a runner's run record: which run, its status,
@@ -527,12 +535,13 @@ def main(argv=None) -> int:
                      f"repeat(s), about {res['meta']['estimate_s'] / 60:.0f} min; writing {out}\n")
     progress = Progress(len(order), tag="headline")
     by_key = {s.key: s for s in scens}
+    est = [by_key[k].est_run_s for k, _ in order]
     t0 = time.monotonic()
     code = 0
     try:
         for i, (key, r) in enumerate(order):
             s, a = by_key[key], sargs[key]
-            left = sum(by_key[k].est_run_s for k, _ in order[i:])
+            left = time_left_s(est, i, time.monotonic() - t0)
             progress.start(f"{key}: {'+'.join(r.get('config') or [r.get('variant', '?')])}"
                            f"{' b' + str(r['batch']) if r.get('batch') else ''} "
                            f"(repeat {r['repeat'] + 1}/{args.repeats}; "

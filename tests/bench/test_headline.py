@@ -55,6 +55,13 @@ def test_repeats_are_interleaved_over_the_matrix_with_the_aa_control_in_each():
     assert h.estimate_s(h.selected(q), _plans(q)) <= 5 * 60
 
 
+def test_time_left_scales_the_estimates_by_the_runs_so_far():
+    est = [30.0, 30.0, 60.0]
+    assert h.time_left_s(est, 0, 0.0) == 120.0
+    assert h.time_left_s(est, 1, 45.0) == pytest.approx(90.0 * 1.5)     # 1.5x slower so far
+    assert h.time_left_s(est, 3, 200.0) == 0.0
+
+
 @pytest.mark.parametrize("argv, needle", [
     (["--only", "nope"], "--only: unknown scenario(s) nope"),
     (["--repeats", "0"], "--repeats"),
