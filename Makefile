@@ -32,8 +32,10 @@ conformance: install
 run: install
 	$(BIN)/python -m horovod_prio.examples.run_default
 
+# The README's headline matrix (about 30 min; BENCH_ARGS=--quick: a few minutes). Needs root.
+BENCH_ARGS ?=
 bench: install
-	$(BIN)/python -m benchmarks.run --quick
+	$(BIN)/python -m benchmarks.headline $(BENCH_ARGS)
 
 clean:
 	rm -rf build *.egg-info horovod_prio/scheduler/*.so horovod_prio/tensorflow/kernels/*.so \

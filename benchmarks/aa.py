@@ -6,13 +6,19 @@
 
 Runs one 2-rank plain-Horovod job (``benchmarks.workload``, both ranks in one
 network namespace whose ``lo`` is shaped, as ``benchmarks.run``) as A and as
-A' -- the same command -- in N interleaved pairs: A A', A' A, A A', ... (the
-order alternates, so a drift over the run shows in both). Each run's value is
-its median s/step over the measured steps. Printed: every pair and the
-spread, ``benchmarks.bounds.aa_resolution``: the median and maximum of
-|A' - A| / A over the pairs and the coefficient of variation of all runs. A
-difference between two variants measured the same way means something only
-beyond that spread.
+A' -- the same command -- in N pairs. Which of the two runs first is drawn per
+pair (``--seed``), half the pairs each way, so neither the label nor a fixed
+pattern such as A A' A' A lines up with the run's position; one unmeasured
+run first (``--warmup-runs``) pays the cold start (page cache, imports) that
+would otherwise land on the first pair. Every run works in a folder named by
+its position only (``run03``), never by its label. Each run's value is its
+median s/step over the measured steps. Printed: every pair and the spread,
+``benchmarks.bounds.aa_resolution``: the median and maximum of |A' - A| / A
+over the pairs and the coefficient of variation of all runs, and beside it
+the order effect (second run of a pair against the first, ``order_effect``):
+a label effect with no order effect, or the reverse, says which one the box
+has. A difference between two variants measured the same way means
+something only beyond that spread.
 
 Options that may narrow it: ``--threads``/``--inter-threads`` (TF threads per
 rank), ``--pin`` (job: both ranks on core 0; rank: rank r on core r; none),
@@ -26,6 +32,7 @@ from __future__ import annotations
 import argparse
 import datetime as _dt
 import os
+import random
 import shutil
 import statistics
 import sys
@@ -66,6 +73,10 @@ def build_parser():
     p.add_argument("--rank-cgroup", type=_rank_cgroup, default=None,
                    metavar="KIND[,key=value...]",
                    help="each rank in a cgroup of its own (kinds and keys: docs/testbed.md)")
+    p.add_argument("--seed", type=int, default=0,
+                   help="draws which run of each pair goes first (recorded; default 0)")
+    p.add_argument("--warmup-runs", type=int, default=1,
+                   help="unmeasured runs before the first pair (default 1; 0: none)")
     p.add_argument("--job-timeout", type=positive_int, default=600, help="seconds per run")
     p.add_argument("--stall-timeout", type=positive_int, default=60)
     p.add_argument("--out", default=str(REPO / "results" / "bench" / "aa" / "latest"))
@@ -74,6 +85,9 @@ def build_parser():
 
 def parse_args(argv=None):
     a = build_parser().parse_args(argv)
+    if a.warmup_runs < 0:
+        build_parser().error(f"argument --warmup-runs: expected an integer >= 0, "
+                             f"got {a.warmup_runs}")
     if a.rank_cgroup is not None and a.pin == "rank" and a.rank_cgroup[1].cpuset is not None:
         build_parser().error("argument --rank-cgroup: cpuset and --pin rank both place the "
                              "ranks; give one")
@@ -81,12 +95,23 @@ def parse_args(argv=None):
 
 
 # ---------------------------------------------------------------- plan and statistics
-def plan(pairs: int) -> list[dict]:
-    """The runs in order: pair i runs A then A' for even i, A' then A for odd i."""
-    runs = []
-    for i in range(pairs):
-        for label in (LABELS if i % 2 == 0 else LABELS[::-1]):
-            runs.append({"pair": i, "label": label})
+def plan(pairs: int, seed: int = 0, warmup_runs: int = 0) -> list[dict]:
+    """The runs in order: ``warmup_runs`` unmeasured runs (pair None), then the
+    pairs. Half of the pairs (the extra one of an odd count by the draw) run A
+    first, the others A' first, which ones drawn with ``seed``; ``first`` is the
+    label that ran first. ``dir`` names the run's work folder by its position
+    only: a label never reaches a path."""
+    rng = random.Random(seed)
+    a_first = [True] * (pairs // 2) + [False] * (pairs // 2)
+    if pairs % 2:
+        a_first.append(rng.random() < 0.5)
+    rng.shuffle(a_first)
+    runs = [{"pair": None, "label": "warm-up", "first": None} for _ in range(warmup_runs)]
+    for i, af in enumerate(a_first):
+        order = LABELS if af else LABELS[::-1]
+        runs += [{"pair": i, "label": label, "first": order[0]} for label in order]
+    for n, r in enumerate(runs):
+        r["dir"] = f"run{n:02d}"
     return runs
 
 
@@ -101,16 +126,47 @@ def pair_values(records: list[dict]) -> list[tuple[float, float]]:
     """(A, A') per pair whose two runs both succeeded, in pair order."""
     by = {}
     for r in records:
-        if r.get("status") == "ok" and r.get("s_per_step"):
+        if r.get("pair") is not None and r.get("status") == "ok" and r.get("s_per_step"):
             by.setdefault(r["pair"], {})[r["label"]] = r["s_per_step"]
     return [(v["A"], v["A'"]) for _, v in sorted(by.items()) if set(v) == set(LABELS)]
+
+
+def order_effect(records: list[dict]) -> dict | None:
+    """The second run of each complete pair against its first, whatever their
+    labels: ``{"pairs", "diffs" ((second - first) / first per pair), "median",
+    "second_slower" (pairs where the second run was slower)}``; None without a
+    complete pair. A fixed cost of running second (page cache, a process or
+    port left by the run before) shows here and cancels out of the A/A
+    resolution, where the orders are balanced."""
+    by = {}
+    for r in records:
+        if r.get("pair") is not None and r.get("status") == "ok" and r.get("s_per_step"):
+            by.setdefault(r["pair"], []).append(r)
+    diffs = []
+    for _, rs in sorted(by.items()):
+        if len(rs) == 2:
+            # the label that ran first as planned; records are in run order otherwise
+            first, second = rs[::-1] if rs[1]["label"] == rs[1].get("first") else rs
+            diffs.append((second["s_per_step"] - first["s_per_step"]) / first["s_per_step"])
+    if not diffs:
+        return None
+    return {"pairs": len(diffs), "diffs": diffs, "median": statistics.median(diffs),
+            "second_slower": sum(d > 0 for d in diffs)}
+
+
+def order_line(records: list[dict]) -> str:
+    o = order_effect(records)
+    if o is None:
+        return "order effect: no complete pair"
+    return (f"order effect (second run of a pair vs the first) over {o['pairs']} pair(s): "
+            f"median {o['median']:+.1%}, second slower in {o['second_slower']}/{o['pairs']}")
 
 
 def summary(records: list[dict]) -> str:
     """Markdown: a row per pair (its order, both values, the difference), then
     the resolution over the complete pairs."""
     lines = ["| pair | order | A s/step | A' s/step | (A' - A) / A |", "|---|---|---|---|---|"]
-    for i in sorted({r["pair"] for r in records}):
+    for i in sorted({r["pair"] for r in records if r.get("pair") is not None}):
         rs = [r for r in records if r["pair"] == i]
         order = " ".join(r["label"] for r in rs)
         v = {r["label"]: r.get("s_per_step") for r in rs if r.get("status") == "ok"}
@@ -122,7 +178,8 @@ def summary(records: list[dict]) -> str:
                         if r.get("status") != "ok"), None) or "incomplete"
             lines.append(f"| {i + 1} | {order} | – | – | {err.splitlines()[0][:80]} |")
     pairs = pair_values(records)
-    lines += ["", aa_resolution(pairs).text() if pairs else "A/A resolution: no complete pair"]
+    lines += ["", aa_resolution(pairs).text() if pairs else "A/A resolution: no complete pair",
+              "", order_line(records)]
     return "\n".join(lines)
 
 
@@ -170,7 +227,7 @@ def execute(r: dict, args, workroot: Path, command, progress, groups=()) -> dict
     link = netns.ShapedLink(args.rate)
     try:
         link.create()
-        res = run_jobs(link, [job_spec(args)], workroot / f"p{r['pair']}-{r['label']}",
+        res = run_jobs(link, [job_spec(args)], workroot / r["dir"],
                        args.job_timeout, progress, stall_timeout=args.stall_timeout,
                        command=command)
         rec["s_per_step"] = step_time(res["jobs"][0])
@@ -200,7 +257,7 @@ def main(argv=None) -> int:
             if args.rank_cgroup else None}
     records: list[dict] = []
     groups: list[cgroups.Cgroup] = []
-    runs = plan(args.pairs)
+    runs = plan(args.pairs, args.seed, args.warmup_runs)
     progress = Progress(len(runs), tag="aa")
     workroot = Path(tempfile.mkdtemp(prefix="hprio-aa-"))
     try:
@@ -210,7 +267,8 @@ def main(argv=None) -> int:
                       for r in range(2)]
             command = rank_command(enter_command(groups))
         for r in runs:
-            progress.start(f"pair {r['pair'] + 1}/{args.pairs} {r['label']}")
+            progress.start("warm-up run (not measured)" if r["pair"] is None else
+                           f"pair {r['pair'] + 1}/{args.pairs} {r['label']}")
             rec = execute(r, args, workroot, command, progress, groups)
             records.append(rec)
             progress.finish(rec["status"] + (f" {rec['s_per_step']:.4f} s/step"

@@ -471,6 +471,25 @@ def report_only(out: Path) -> int:
     return 0
 
 
+def results_meta(args, variants: list[str], command: str) -> dict:
+    """``results.json``'s meta of a run of ``args`` (what the report and
+    ``benchmarks.sim_check`` read back)."""
+    return {
+        "command": command,
+        "date": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+        "git": git_rev(), "ncpu": os.cpu_count(), "loadavg": list(os.getloadavg()),
+        "transport": args.transport, "rate": args.rate, "burst": args.burst,
+        "latency": args.latency, "model": args.model, "batch": args.batch,
+        "steps": args.steps, "warmup": args.warmup, "threads": args.threads,
+        "inter_threads": args.inter_threads or args.threads, "pin": args.pin,
+        "repeats": args.repeats, "variants": variants, "jobs": args.job,
+        "arbiter_credit": args.arbiter_credit, "arbiter_order": args.arbiter_order,
+        "starvation_bound": args.starvation_bound, "subnet": args.subnet,
+        "arbiter_class_reserve": args.arbiter_class_reserve,
+        "sample_interval": args.sample_interval, "link": LINK_NAME,
+    }
+
+
 # ---------------------------------------------------------------- main
 def main(argv=None) -> int:
     args = parse_args(argv)
@@ -495,21 +514,8 @@ def main(argv=None) -> int:
     os.chmod(secret_file, 0o600)
     runs = plan(variants, args.repeats)
     progress = Progress(len(runs), tag="cluster")
-    results = {"meta": {
-        "command": "python -m benchmarks.cluster " + " ".join(
-            sys.argv[1:] if argv is None else argv),
-        "date": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
-        "git": git_rev(), "ncpu": os.cpu_count(), "loadavg": list(os.getloadavg()),
-        "transport": args.transport, "rate": args.rate, "burst": args.burst,
-        "latency": args.latency, "model": args.model, "batch": args.batch,
-        "steps": args.steps, "warmup": args.warmup, "threads": args.threads,
-        "inter_threads": args.inter_threads or args.threads, "pin": args.pin,
-        "repeats": args.repeats, "variants": variants, "jobs": args.job,
-        "arbiter_credit": args.arbiter_credit, "arbiter_order": args.arbiter_order,
-        "starvation_bound": args.starvation_bound, "subnet": args.subnet,
-        "arbiter_class_reserve": args.arbiter_class_reserve,
-        "sample_interval": args.sample_interval, "link": LINK_NAME,
-    }, "runs": []}
+    results = {"meta": results_meta(args, variants, "python -m benchmarks.cluster " + " ".join(
+        sys.argv[1:] if argv is None else argv)), "runs": []}
     stopped, failed = run_all(
         runs, results, out, workroot, progress, keep_raw=args.keep_raw, tag="cluster",
         write=write_report, raw_ignore=shutil.ignore_patterns("secret"),

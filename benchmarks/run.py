@@ -1,6 +1,6 @@
 """Run Horovod / horovod_prio jobs on one emulated shared link.
 
-    sudo .venv/bin/python -m benchmarks.run --quick            # what `make bench` runs
+    sudo .venv/bin/python -m benchmarks.run --quick            # scenarios a+b, < 5 min
     sudo .venv/bin/python -m benchmarks.run --scenario all --repeats 3 --rate 1gbit
 
 Scenarios (every run gets a fresh network namespace whose ``lo`` is shaped by
@@ -282,22 +282,7 @@ def main(argv=None) -> int:
     out.mkdir(parents=True, exist_ok=True)
     workroot = Path(tempfile.mkdtemp(prefix="hprio-bench-"))
     progress = Progress(len(todo))
-    results = {
-        "meta": {
-            "command": command,
-            "date": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
-            "ncpu": os.cpu_count(), "pin": args.pin, "threads": args.threads,
-            "inter_threads": args.inter_threads,
-            "model": args.model, "steps": args.steps, "warmup": args.warmup,
-            "repeats": args.repeats, "delay": args.delay, "priority": args.priority,
-            "prio_env": dict(args.prio_env), "prio_available": prio_ok, "impls": args.impls,
-            "variants": {k: {"env": e, "flags": f} for k, (e, f) in args.variants.items()},
-            "controls": list(args.control),
-            "prio_unavailable_reason": None if prio_ok else why,
-            "git": git_rev(),
-        },
-        "runs": [],
-    }
+    results = {"meta": results_meta(args, prio_ok, why, command), "runs": []}
     if previous is not None:   # the sweep started earlier: its date and commit, then each resume
         meta = results["meta"]
         meta["resumed"] = list(previous.get("resumed", [])) + [
@@ -315,6 +300,23 @@ def main(argv=None) -> int:
     sys.stdout.write(report.markdown(results) + "\n")
     sys.stderr.write(f"[bench] wrote {out}/results.json.gz, results.md, steps.png\n")
     return 1 if failed else 0
+
+
+def results_meta(args, prio_ok: bool, why: str, command: str) -> dict:
+    """``results.json``'s meta of a run of ``args`` (what the report reads back)."""
+    return {
+        "command": command,
+        "date": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+        "ncpu": os.cpu_count(), "pin": args.pin, "threads": args.threads,
+        "inter_threads": args.inter_threads,
+        "model": args.model, "steps": args.steps, "warmup": args.warmup,
+        "repeats": args.repeats, "delay": args.delay, "priority": args.priority,
+        "prio_env": dict(args.prio_env), "prio_available": prio_ok, "impls": args.impls,
+        "variants": {k: {"env": e, "flags": f} for k, (e, f) in args.variants.items()},
+        "controls": list(args.control),
+        "prio_unavailable_reason": None if prio_ok else why,
+        "git": git_rev(),
+    }
 
 
 def run_key(r: dict) -> tuple:

@@ -1,0 +1,584 @@
+"""The README's headline table in one command: every headline scenario, each
+row beside its bound, the simulator's prediction and the testbed's A/A
+resolution.
+
+    sudo .venv/bin/python -m benchmarks.headline               # full matrix (make bench)
+    sudo .venv/bin/python -m benchmarks.headline --quick       # a reduced matrix, a few minutes
+    python tools/readme_table.py --write --from results/headline-<date>
+
+Runs the scenarios of :data:`SCENARIOS` through the existing runners --
+``benchmarks.run`` (one shaped loopback link) and ``benchmarks.cluster`` (the
+two-rack testbed) -- by calling their ``parse_args`` / ``plan`` /
+``execute_run``: the same jobs, links and cleanup as those commands.
+Repeats are interleaved over the whole matrix (repeat 1 of every scenario,
+then repeat 2, ...; the scenario order rotates each repeat, each runner
+rotates its configurations). The one-job scenario carries an A/A control
+(``aa``: plain Horovod again, ``--control``), so every repeat gives an A/A
+pair measured in the same sweep: the resolution printed beside the rows.
+
+Per row (:data:`ROWS`): plain Horovod's and horovod_prio's s/step (medians
+over repeats), the per-repeat ratios plain / ours and their median, the
+bound in seconds and where it comes from (``bound_of``: the link floor, the
+overlap ceiling or the job's alone time, arithmetic of ``benchmarks.bounds``),
+the share of the bound's gain (``benchmarks.report.bound_cells``) and, for
+testbed rows whose model has a measured profile under ``results/sim/``, the
+simulator's prediction and its error (``benchmarks.sim_check.check``).
+
+Writes ``OUT/results.json`` (compact: no step series; < 200 KB) and
+``OUT/results.md``; OUT defaults to ``results/headline-<UTC date>``
+(``--quick``: ``results/headline-quick-<date>``). ``--keep-raw`` also writes
+each scenario's full runner results under ``OUT/raw/<scenario>/`` (large: do
+not commit). Needs root.
+"""
+from __future__ import annotations
+
+import argparse
+import datetime as _dt
+import json
+import os
+import platform
+import secrets
+import shutil
+import statistics
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from horovod_prio.method import units
+
+from . import bounds, netns, report
+from .harness import REPO, Progress, check_prio_available, git_rev, positive_int, preflight
+
+FORMAT = "horovod_prio.headline/1"
+AA_CONTROL = "aa"
+
+
+# ---------------------------------------------------------------- the matrix
+@dataclass(frozen=True)
+class Scenario:
+    key: str                 # short name: work folders, raw output, row references
+    runner: str              # "bench" (benchmarks.run) or "cluster" (benchmarks.cluster)
+    argv: tuple              # the runner's arguments, without --repeats / --out
+    quick_argv: tuple | None = None   # --quick's arguments; None: not in --quick
+    est_run_s: float = 30.0  # rough seconds per run on the 2-core box (for the estimate)
+
+
+SCENARIOS = (
+    Scenario("one-job", "bench",
+             ("--scenario", "s", "--model", "mlp", "--rates", "1gbit", "--batches", "1024",
+              "--impls", f"horovod,prio,{AA_CONTROL}", "--control", AA_CONTROL,
+              "--steps", "10", "--warmup", "3"),
+             ("--scenario", "s", "--model", "mlp", "--rates", "1gbit", "--batches", "1024",
+              "--impls", f"horovod,prio,{AA_CONTROL}", "--control", AA_CONTROL,
+              "--steps", "5", "--warmup", "2"), est_run_s=25),
+    Scenario("two-jobs", "bench",
+             ("--scenario", "c", "--model", "mlp", "--rates", "1gbit", "--batches", "512",
+              "--impls", "horovod,prio", "--steps", "10", "--warmup", "3",
+              "--stall-timeout", "120"), est_run_s=38),
+    Scenario("overlap-mnv2", "bench",
+             ("--scenario", "s", "--model", "mobilenetv2", "--rates", "300mbit",
+              "--batches", "128,160,256", "--impls", "horovod,overlap",
+              "--variant", "overlap=--overlap", "--inter-threads", "2",
+              "--steps", "8", "--warmup", "3"),
+             ("--scenario", "s", "--model", "mobilenetv2", "--rates", "300mbit",
+              "--batches", "128", "--impls", "horovod,overlap",
+              "--variant", "overlap=--overlap", "--inter-threads", "2",
+              "--steps", "5", "--warmup", "2"), est_run_s=43),
+    Scenario("classes", "cluster",
+             ("--job", "arb,class=1,steps=30", "--job", "arb,class=0,start=4,steps=12",
+              "--variants", "hvd,spec", "--pin", "job", "--batch", "64"),
+             ("--job", "arb,class=1,steps=20", "--job", "arb,class=0,start=3,steps=8",
+              "--variants", "hvd,spec", "--pin", "job", "--batch", "64"), est_run_s=30),
+    Scenario("join", "cluster",
+             ("--job", "arb,steps=30,HOROVOD_PRIO_CALIBRATION_BATCHES=5",
+              "--job", "arb,start=4,steps=12,HOROVOD_PRIO_CALIBRATION_BATCHES=5",
+              "--variants", "hvd,spec", "--pin", "job", "--batch", "64"), est_run_s=30),
+    Scenario("identical-arbiter", "cluster",
+             ("--job", "arb,steps=12,HOROVOD_PRIO_CALIBRATION_BATCHES=5",
+              "--job", "arb,steps=12,HOROVOD_PRIO_CALIBRATION_BATCHES=5",
+              "--variants", "hvd,spec", "--pin", "job", "--rate", "400mbit", "--batch", "320"),
+             est_run_s=35),
+)
+
+
+@dataclass(frozen=True)
+class Row:
+    """One line of the headline table. ``base``/``ours`` pick the runs: a bench
+    config (``("horovod",)``) at ``batch``, or a cluster variant; ``job``: a
+    cluster job's index (its median in the shared window), None: the mean over
+    jobs. ``bound``: "floor", "overlap" or "alone", or None with ``no_bound``
+    saying why."""
+    title: str
+    scenario: str
+    base: tuple
+    ours: tuple
+    batch: int | None = None
+    job: int | None = None
+    bound: str | None = None
+    no_bound: str = ""
+
+
+ROWS = (
+    Row("one job, default settings: MLP, 1 Gbit/s, batch 1024", "one-job",
+        ("horovod",), ("prio",), batch=1024, bound="floor"),
+    Row("two jobs sharing 1 Gbit/s, no arbiter: MLP, batch 512", "two-jobs",
+        ("horovod", "horovod"), ("prio", "prio"), batch=512, bound="floor"),
+    Row("`hvd.overlap`: MobileNetV2, 300 Mbit/s, batch 128", "overlap-mnv2",
+        ("horovod",), ("overlap",), batch=128, bound="overlap"),
+    Row("`hvd.overlap`: MobileNetV2, 300 Mbit/s, batch 160", "overlap-mnv2",
+        ("horovod",), ("overlap",), batch=160, bound="overlap"),
+    Row("`hvd.overlap`: MobileNetV2, 300 Mbit/s, batch 256 (compute-bound)", "overlap-mnv2",
+        ("horovod",), ("overlap",), batch=256, bound="overlap"),
+    Row("job classes, 1 Gbit/s uplink: the class-1 job beside a class-0 job", "classes",
+        ("hvd",), ("spec",), job=0, bound="alone"),
+    Row("job classes, 1 Gbit/s uplink: the class-0 job (pays for it)", "classes",
+        ("hvd",), ("spec",), job=1, no_bound="the class-0 job yields by design: no bound"),
+    Row("arbiter + adaptive boost, 1 Gbit/s uplink: job A while B joins", "join",
+        ("hvd",), ("spec",), job=0, bound="alone"),
+    Row("arbiter + adaptive boost, 1 Gbit/s uplink: the joining job B (pays for it)", "join",
+        ("hvd",), ("spec",), job=1, no_bound="the joining job yields by design: no bound"),
+    Row("two identical jobs + arbiter, 400 Mbit/s uplink, batch 320", "identical-arbiter",
+        ("hvd",), ("spec",), bound="floor"),
+)
+
+
+# ---------------------------------------------------------------- arguments
+def build_parser():
+    p = argparse.ArgumentParser(prog="python -m benchmarks.headline", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--quick", action="store_true",
+                   help="a reduced matrix (one repeat, fewer scenarios and steps): a few minutes")
+    p.add_argument("--repeats", type=positive_int, default=None,
+                   help="interleaved repeats (default 3; --quick 1)")
+    p.add_argument("--only", default=None, metavar="KEY[,KEY...]",
+                   help="run only these scenarios (" + ", ".join(s.key for s in SCENARIOS) + ")")
+    p.add_argument("--out", default=None,
+                   help="result folder (default results/headline-<date>, "
+                        "--quick: results/headline-quick-<date>)")
+    p.add_argument("--keep-raw", action="store_true",
+                   help="also write every scenario's full runner results to OUT/raw/<key>/")
+    return p
+
+
+def parse_args(argv=None):
+    p = build_parser()
+    a = p.parse_args(argv)
+    if a.repeats is None:
+        a.repeats = 1 if a.quick else 3
+    known = [s.key for s in SCENARIOS]
+    if a.only is not None:
+        keys = [k.strip() for k in a.only.split(",") if k.strip()]
+        bad = [k for k in keys if k not in known]
+        if bad or not keys:
+            p.error(f"argument --only: unknown scenario(s) {', '.join(bad) or repr(a.only)} "
+                    f"(scenarios: {', '.join(known)})")
+        a.only = keys
+    if a.out is None:
+        day = _dt.datetime.now(_dt.timezone.utc).date().isoformat()
+        a.out = str(REPO / "results" / (f"headline-quick-{day}" if a.quick else f"headline-{day}"))
+    return a
+
+
+def selected(args) -> list[Scenario]:
+    """The scenarios of this invocation (``--quick``: those with quick arguments)."""
+    out = []
+    for s in SCENARIOS:
+        if args.only is not None and s.key not in args.only:
+            continue
+        if args.quick and s.quick_argv is None:
+            continue
+        out.append(s)
+    return out
+
+
+def runner_args(s: Scenario, quick: bool, repeats: int, out: Path):
+    """The runner's parsed arguments of scenario ``s`` (its own parser: its
+    checks and defaults hold)."""
+    argv = list(s.quick_argv if quick else s.argv) + ["--repeats", str(repeats),
+                                                      "--out", str(out)]
+    if s.runner == "bench":
+        from . import run
+        return run.parse_args(argv)
+    from . import cluster
+    return cluster.parse_args(argv)
+
+
+# ---------------------------------------------------------------- plan
+def plan(scens: list[Scenario], plans: dict, repeats: int) -> list[tuple[str, dict]]:
+    """(scenario key, runner run) in execution order: repeat by repeat, the
+    scenario order rotated each repeat, each scenario's runs of that repeat in
+    the runner's own (rotated) order."""
+    order = []
+    for rep in range(repeats):
+        k = rep % len(scens)
+        for s in scens[k:] + scens[:k]:
+            order += [(s.key, r) for r in plans[s.key] if r["repeat"] == rep]
+    return order
+
+
+def estimate_s(scens: list[Scenario], plans: dict) -> float:
+    return sum(s.est_run_s * sum(1 for r in plans[s.key] if not r.get("skip")) for s in scens)
+
+
+def time_left_s(est: list[float], done: int, elapsed: float) -> float:
+    """Seconds left after ``done`` of the runs whose estimates are ``est``: the
+    estimates of the rest, scaled by how the finished runs compared to theirs
+    (a loaded box runs slower than the estimates)."""
+    spent = sum(est[:done])
+    return sum(est[done:]) * (elapsed / spent if done and spent > 0 else 1.0)
+
+
+# ---------------------------------------------------------------- per run: the compact record
+def compact(key: str, runner: str, rec: dict) -> dict:
+    """What results.json keeps of a runner's run record: which run, its status,
+    load, and the step times a row needs (no step series)."""
+    out = {"scenario": key, "repeat": rec.get("repeat"), "status": rec.get("status"),
+           "error": ((rec.get("error") or "").splitlines() or [""])[0][:200] or None,
+           "loadavg_before": rec.get("loadavg_before"), "loadavg_after": rec.get("loadavg_after")}
+    if runner == "bench":
+        out.update(config=list(rec.get("config") or []), batch=rec.get("batch"),
+                   rate=rec.get("rate"))
+        if rec.get("status") == "ok":
+            st = report.run_stats(rec)
+            out.update(s_per_step=st["mean_of_jobs"],
+                       job_s=[j["median"] for j in st["jobs"]],
+                       job_cpu_s=[j["cpu_median"] for j in st["jobs"]],
+                       grad_bytes=(rec["jobs"][0].get("meta") or {}).get("grad_bytes"),
+                       ranks=(rec["jobs"][0].get("meta") or {}).get("size", 2))
+    else:
+        out.update(config=[rec.get("variant")], rate=rec.get("rate"))
+        if rec.get("status") == "ok":
+            st = report.cluster_run_stats(rec)
+            out.update(s_per_step=st["mean_shared"],
+                       job_s=[j["median_shared"] for j in st["jobs"]],
+                       job_alone_s=[j["median_alone"] for j in st["jobs"]],
+                       grad_bytes=(rec["jobs"][0].get("meta") or {}).get("grad_bytes"),
+                       ranks=2)
+    return out
+
+
+# ---------------------------------------------------------------- rows
+def _med(xs):
+    xs = [x for x in xs if x is not None]
+    return statistics.median(xs) if xs else None
+
+
+def _value(run: dict, row: Row):
+    if row.job is None:
+        return run.get("s_per_step")
+    js = run.get("job_s") or []
+    return js[row.job] if row.job < len(js) else None
+
+
+def _runs_of(runs: list[dict], row: Row, config: tuple) -> list[dict]:
+    return [r for r in runs if r["scenario"] == row.scenario and r["status"] == "ok"
+            and tuple(r["config"]) == tuple(config)
+            and (row.batch is None or r.get("batch") in (None, row.batch))]
+
+
+def link_floor_s(run: dict, runner: str) -> float | None:
+    """The link floor of one run from its measured gradient bytes
+    (``benchmarks.bounds``): on the loopback link every rank's ring traffic
+    crosses the one shaped ``lo``; on the testbed each job's ring crosses the
+    uplink once per direction."""
+    gb, rate = run.get("grad_bytes"), run.get("rate")
+    if not gb or not rate:
+        return None
+    bps = units.parse_rate_bits_per_s(rate)
+    jobs, ranks = len(run["config"]) if runner == "bench" else len(run.get("job_s") or [1]), \
+        int(run.get("ranks") or 2)
+    if runner == "bench":
+        return bounds.link_floor(jobs * ranks * bounds.ring_allreduce_bytes(gb, ranks), bps)
+    return bounds.ring_floor(gb, ranks, bps, jobs)
+
+
+def bound_of(row: Row, runner: str, base_runs: list[dict], ours_runs: list[dict]) -> dict:
+    """The row's bound: ``{"s", "source"}``, or ``{"s": None, "reason"}``.
+
+    floor   -- the link floor of the baseline's runs;
+    overlap -- the overlap ceiling ``max(compute, comm)`` with compute = plain
+               Horovod's job CPU s/step (both ranks of the job share one core,
+               so their compute adds up; it includes the communication
+               threads' CPU, so the ceiling is if anything too high) and comm =
+               the link floor (``bounds.overlap_bound``);
+    alone   -- the job's own median before the other job joined, in our
+               variant's runs (the class-1 bound, ``bounds.class1``)."""
+    if row.bound is None:
+        return {"s": None, "reason": row.no_bound or "no bound for this row"}
+    if row.bound == "alone":
+        v = _med([(r.get("job_alone_s") or [None] * (row.job + 1))[row.job] for r in ours_runs])
+        return ({"s": v, "source": "alone time (the job before the other joined)"} if v else
+                {"s": None, "reason": "the job never ran alone in these runs"})
+    floor = _med([link_floor_s(r, runner) for r in base_runs])
+    if floor is None:
+        return {"s": None, "reason": "no gradient size recorded: no link floor"}
+    if row.bound == "floor":
+        return {"s": floor, "source": "link floor"}
+    cpu = _med([_med(r.get("job_cpu_s") or []) for r in base_runs])
+    if cpu is None:
+        return {"s": None, "reason": "no job CPU s/step recorded: no overlap ceiling"}
+    return {"s": bounds.overlap_bound(cpu, 0.0, floor),
+            "source": "overlap ceiling max(job CPU s/step, link floor)"}
+
+
+def row_result(row: Row, runner: str, runs: list[dict], sim: dict | None = None) -> dict:
+    base_runs, ours_runs = _runs_of(runs, row, row.base), _runs_of(runs, row, row.ours)
+    base = {r["repeat"]: _value(r, row) for r in base_runs}
+    ours = {r["repeat"]: _value(r, row) for r in ours_runs}
+    ratios = [base[k] / ours[k] for k in sorted(base) if k in ours and base[k] and ours[k]]
+    out = {"title": row.title, "scenario": row.scenario,
+           "base_s": _med(base.values()), "ours_s": _med(ours.values()),
+           "ratios": ratios, "ratio": _med(ratios), "repeats": len(ratios)}
+    b = bound_of(row, runner, base_runs, ours_runs)
+    if not ratios:
+        b = {"s": None, "reason": "no repeat with both runs ok"}
+    elif b["s"] is not None and out["base_s"] and out["ours_s"]:
+        try:
+            b["cells"] = list(report.bound_cells(out["base_s"], out["ours_s"], b["s"]))
+        except ValueError as e:
+            b = {"s": None, "reason": str(e)}
+    elif b["s"] is not None:
+        b = dict(b, cells=None, reason="no complete repeat")
+    out["bound"] = b
+    out["sim"] = sim if sim is not None else {
+        "reason": "the simulator check reads testbed (benchmarks.cluster) runs only"
+        if runner == "bench" else "not checked"}
+    return out
+
+
+def sim_for(row: Row, check_res: dict | None, why: str) -> dict:
+    """The simulator's prediction of ``row``'s ours (and base) value from a
+    ``sim_check.check`` result of its scenario; ``{"reason"}`` without one."""
+    if check_res is None:
+        return {"reason": why}
+    out = {}
+    for side, variant in (("base", row.base[0]), ("ours", row.ours[0])):
+        rows = [r for r in check_res["rows"] if r["variant"] == variant and r["window"] == "shared"
+                and (row.job is None or r["job"] == row.job)]
+        if not rows:
+            continue
+        meas = statistics.fmean(r["measured_s"] for r in rows)
+        simv = statistics.fmean(r["sim_s"] for r in rows)
+        out[side] = {"sim_s": simv, "error": simv / meas - 1.0,
+                     "fitted": any(r.get("fitted") for r in rows)}
+    return out or {"reason": "the simulator gave no row for this job"}
+
+
+def sim_check_scenario(meta: dict, records: list[dict]) -> tuple[dict | None, str]:
+    """``sim_check.check`` on a cluster scenario's full records, with the
+    measured profile of its model and batch (``results/sim/profile_<model>_b<batch>.json``)."""
+    jobs = meta.get("jobs") or []
+    models = {(d.get("model"), d.get("batch")) for d in jobs}
+    if len(models) != 1:
+        return None, "jobs of different models or batches"
+    (model, batch), = models
+    prof = REPO / "results" / "sim" / f"profile_{model}_b{batch}.json"
+    if not prof.exists():
+        return None, f"no measured profile {prof.relative_to(REPO)}"
+    from horovod_prio.sim.profiles import load_profile
+    from . import sim_check
+    try:
+        return sim_check.check({"meta": meta, "runs": records}, load_profile(str(prof))), ""
+    except (ValueError, KeyError, ZeroDivisionError) as e:
+        return None, f"simulator check failed: {e}"
+
+
+def aa_pairs(runs: list[dict]) -> list[tuple[float, float]]:
+    """(plain Horovod, its A/A control) per repeat of the one-job scenario."""
+    by = {}
+    for r in runs:
+        if r["scenario"] == "one-job" and r["status"] == "ok" and r.get("s_per_step"):
+            by.setdefault(r["repeat"], {})[tuple(r["config"])] = r["s_per_step"]
+    return [(v[("horovod",)], v[(AA_CONTROL,)]) for _, v in sorted(by.items())
+            if ("horovod",) in v and (AA_CONTROL,) in v]
+
+
+# ---------------------------------------------------------------- output
+def _f(x, spec="{:.3f}"):
+    return "–" if x is None else spec.format(x)
+
+
+def ratio_text(row: dict) -> str:
+    if row.get("ratio") is None:
+        return "–"
+    rs = row["ratios"]
+    return f"{row['ratio']:.2f}×" + (f" ({min(rs):.2f}–{max(rs):.2f})" if len(rs) > 1 else "")
+
+
+def share_text(row: dict) -> str:
+    """The share of the bound's gain, or "–" and the reason there is none."""
+    b = row["bound"]
+    if b.get("s") is None or not b.get("cells"):
+        return f"– ({b.get('reason', 'no bound')})"
+    return b["cells"][1]
+
+
+def sim_text(row: dict) -> str:
+    s = row.get("sim") or {}
+    if "ours" not in s:
+        return f"– ({s.get('reason', 'not checked')})"
+    return f"{s['ours']['sim_s']:.3f} ({s['ours']['error']:+.0%})"
+
+
+def markdown(res: dict) -> str:
+    m = res["meta"]
+    lines = [f"Command: `{m['command']}` — {m['date']}, git {m['git']}, "
+             f"{m['machine']['ncpu']} cores, repeats={m['repeats']}"
+             + (", quick" if m.get("quick") else ""), "",
+             "| scenario | plain Horovod s/step | horovod_prio s/step | ratio | bound s/step "
+             "| share of the bound | simulator s/step (error) |",
+             "|---|---|---|---|---|---|---|"]
+    for r in res["rows"]:
+        b = r["bound"]
+        bound = f"{b['s']:.3f} ({b['source']})" if b.get("s") is not None else "–"
+        lines.append(f"| {r['title']} | {_f(r['base_s'])} | {_f(r['ours_s'])} | {ratio_text(r)} "
+                     f"| {bound} | {share_text(r)} | {sim_text(r)} |")
+    lines += ["", res["aa"]["text"], "",
+              f"1-min load average at start {m['loadavg_start']:.1f}, end "
+              f"{_f(m.get('loadavg_end'), '{:.1f}')}; runs ok "
+              f"{sum(r['status'] == 'ok' for r in res['runs'])}/{len(res['runs'])}"]
+    failed = [r for r in res["runs"] if r["status"] != "ok"]
+    for r in failed[:10]:
+        lines.append(f"- failed: {r['scenario']} {'+'.join(r['config'])} repeat "
+                     f"{(r['repeat'] or 0) + 1}: {r['error']}")
+    return "\n".join(lines) + "\n"
+
+
+def planned(row: Row, scenarios: dict) -> bool:
+    """Does the invocation (``meta["scenarios"]``: key -> its runner's argv) run
+    this row's scenario, at this row's batch?"""
+    sc = scenarios.get(row.scenario)
+    if sc is None:
+        return False
+    argv = sc["argv"]
+    if row.batch is None or "--batches" not in argv:
+        return True
+    return str(row.batch) in argv[argv.index("--batches") + 1].split(",")
+
+
+def summarize(res: dict, scens: list[Scenario], sims: dict) -> None:
+    """Fill ``res["rows"]`` and ``res["aa"]`` from ``res["runs"]``."""
+    runner = {s.key: s.runner for s in scens}
+    res["rows"] = []
+    for row in ROWS:
+        if row.scenario not in runner or not planned(row, res["meta"]["scenarios"]):
+            continue
+        sim = None
+        if runner[row.scenario] == "cluster":
+            sim = sim_for(row, *sims.get(row.scenario, (None, "not checked")))
+        res["rows"].append(row_result(row, runner[row.scenario], res["runs"], sim))
+    pairs = aa_pairs(res["runs"])
+    if pairs:
+        r = bounds.aa_resolution(pairs)
+        res["aa"] = {"pairs": [list(p) for p in pairs], "median": r.median, "max": r.max,
+                     "cv": r.cv, "text": r.text() + " (one job, plain Horovod against itself, "
+                                                    "same sweep)"}
+    else:
+        res["aa"] = {"pairs": [], "text": "A/A resolution: no complete pair"}
+
+
+def write(res: dict, out: Path) -> None:
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "results.json").write_text(json.dumps(res, indent=1))
+    (out / "results.md").write_text(markdown(res))
+
+
+def machine() -> dict:
+    return {"ncpu": os.cpu_count(), "platform": platform.platform(),
+            "python": platform.python_version(), "node": platform.node()}
+
+
+# ---------------------------------------------------------------- main
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    if not preflight("headline"):
+        return 2
+    from . import cgroups, cluster, run, testbed
+    netns.cleanup_stale()
+    testbed.cleanup_stale()
+    cgroups.cleanup_stale()
+    ok, why = check_prio_available()
+    if not ok:
+        sys.stderr.write(f"[headline] error: horovod_prio binding unavailable ({why})\n")
+        return 2
+    out = Path(args.out)
+    scens = selected(args)
+    workroot = Path(tempfile.mkdtemp(prefix="hprio-headline-"))
+    secret_file = workroot / "secret"
+    secret_file.write_text(secrets.token_urlsafe(32))
+    os.chmod(secret_file, 0o600)
+    sargs, plans, raw = {}, {}, {}
+    for s in scens:
+        a = runner_args(s, args.quick, args.repeats, workroot / "unused" / s.key)
+        sargs[s.key] = a
+        if s.runner == "bench":
+            plans[s.key] = run.plan(a, True)
+            raw[s.key] = {"meta": run.results_meta(a, True, "", "python -m benchmarks.run "
+                                                   + " ".join(s.argv)), "runs": []}
+        else:
+            variants = cluster.variants_to_run(a.job, a.variants)
+            plans[s.key] = cluster.plan(variants, args.repeats)
+            raw[s.key] = {"meta": cluster.results_meta(a, variants, "python -m benchmarks.cluster "
+                                                       + " ".join(s.argv)), "runs": []}
+    order = [(k, r) for k, r in plan(scens, plans, args.repeats) if not r.get("skip")]
+    command = "python -m benchmarks.headline " + " ".join(sys.argv[1:] if argv is None else argv)
+    res = {"format": FORMAT, "meta": {
+        "command": command, "date": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+        "git": git_rev(), "machine": machine(), "loadavg_start": os.getloadavg()[0],
+        "loadavg_end": None, "repeats": args.repeats, "quick": args.quick,
+        "scenarios": {s.key: {"runner": s.runner,
+                              "argv": list(s.quick_argv if args.quick else s.argv)} for s in scens},
+        "estimate_s": estimate_s(scens, plans)}, "runs": [], "rows": [], "aa": {}}
+    sys.stderr.write(f"[headline] {len(order)} runs in {len(scens)} scenarios x {args.repeats} "
+                     f"repeat(s), about {res['meta']['estimate_s'] / 60:.0f} min; writing {out}\n")
+    progress = Progress(len(order), tag="headline")
+    by_key = {s.key: s for s in scens}
+    est = [by_key[k].est_run_s for k, _ in order]
+    t0 = time.monotonic()
+    code = 0
+    try:
+        for i, (key, r) in enumerate(order):
+            s, a = by_key[key], sargs[key]
+            left = time_left_s(est, i, time.monotonic() - t0)
+            progress.start(f"{key}: {'+'.join(r.get('config') or [r.get('variant', '?')])}"
+                           f"{' b' + str(r['batch']) if r.get('batch') else ''} "
+                           f"(repeat {r['repeat'] + 1}/{args.repeats}; "
+                           f"{time.monotonic() - t0:.0f}s elapsed, ~{left / 60:.0f} min left)")
+            if s.runner == "bench":
+                rec = run.execute_run(r, a, workroot / key, progress)
+            else:
+                rec = cluster.execute_run(r, a, workroot / key, secret_file, progress)
+            raw[key]["runs"].append(rec)
+            res["runs"].append(compact(key, s.runner, rec))
+            progress.finish(rec["status"] + ("" if rec["status"] == "ok" else
+                                             ": " + (rec.get("error") or "").splitlines()[0][:100]))
+            summarize(res, scens, {})
+            write(res, out)
+    except (KeyboardInterrupt, SystemExit):
+        res["meta"]["interrupted"] = True
+        sys.stderr.write("\n[headline] interrupted; cleaned up, partial results kept\n")
+        code = 130
+    finally:
+        shutil.rmtree(workroot, ignore_errors=True)
+    sims = {}
+    for s in scens:
+        if s.runner == "cluster":
+            sims[s.key] = sim_check_scenario(raw[s.key]["meta"], raw[s.key]["runs"])
+    res["meta"]["loadavg_end"] = os.getloadavg()[0]
+    summarize(res, scens, sims)
+    write(res, out)
+    if args.keep_raw:
+        for key, data in raw.items():
+            (out / "raw" / key).mkdir(parents=True, exist_ok=True)
+            (out / "raw" / key / "results.json").write_text(cluster.dump_results(data))
+    sys.stdout.write(markdown(res))
+    sys.stderr.write(f"[headline] wrote {out}/results.json, results.md\n")
+    if code:
+        return code
+    return 1 if any(r["status"] != "ok" for r in res["runs"]) else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,292 @@
+"""benchmarks/headline.py: the matrix, its interleaving, the rows beside their
+bounds, the compact results file and its table, on canned runs (the
+measurement itself is not run here)."""
+import json
+from pathlib import Path
+
+import pytest
+
+from benchmarks import bounds, cluster, headline as h, report, run
+
+
+def _plans(args):
+    plans = {}
+    for s in h.selected(args):
+        a = h.runner_args(s, args.quick, args.repeats, Path("/nonexistent"))
+        if s.runner == "bench":
+            plans[s.key] = run.plan(a, True)
+        else:
+            plans[s.key] = cluster.plan(cluster.variants_to_run(a.job, a.variants), args.repeats)
+    return plans
+
+
+def test_every_scenario_parses_with_its_runner_and_every_row_has_its_scenario():
+    for quick in (False, True):
+        for s in h.SCENARIOS:
+            if quick and s.quick_argv is None:
+                continue
+            a = h.runner_args(s, quick, 3, Path("/nonexistent"))
+            assert a.repeats == 3 and a.out == "/nonexistent"
+    keys = {s.key for s in h.SCENARIOS}
+    assert {r.scenario for r in h.ROWS} <= keys
+    # every row's configs are planned by its runner
+    plans = _plans(h.parse_args([]))
+    for row in h.ROWS:
+        cfgs = {tuple(r.get("config") or [r.get("variant")]) for r in plans[row.scenario]}
+        assert row.base in cfgs and row.ours in cfgs, row.title
+
+
+def test_repeats_are_interleaved_over_the_matrix_with_the_aa_control_in_each():
+    args = h.parse_args([])
+    scens = h.selected(args)
+    plans = _plans(args)
+    order = h.plan(scens, plans, 3)
+    reps = [r["repeat"] for _, r in order]
+    assert reps == sorted(reps)                              # repeat by repeat
+    firsts = [next(k for k, r in order if r["repeat"] == rep) for rep in range(3)]
+    assert firsts == [scens[0].key, scens[1].key, scens[2].key]   # rotated
+    for rep in range(3):
+        one = [tuple(r["config"]) for k, r in order if k == "one-job" and r["repeat"] == rep]
+        assert set(one) == {("horovod",), ("prio",), (h.AA_CONTROL,)}
+    assert h.parse_args([]).repeats == 3 and h.parse_args(["--quick"]).repeats == 1
+    # the full matrix fits the budget; --quick is a few minutes
+    assert h.estimate_s(scens, plans) <= 30 * 60
+    q = h.parse_args(["--quick"])
+    assert h.estimate_s(h.selected(q), _plans(q)) <= 5 * 60
+
+
+def test_time_left_scales_the_estimates_by_the_runs_so_far():
+    est = [30.0, 30.0, 60.0]
+    assert h.time_left_s(est, 0, 0.0) == 120.0
+    assert h.time_left_s(est, 1, 45.0) == pytest.approx(90.0 * 1.5)     # 1.5x slower so far
+    assert h.time_left_s(est, 3, 200.0) == 0.0
+
+
+@pytest.mark.parametrize("argv, needle", [
+    (["--only", "nope"], "--only: unknown scenario(s) nope"),
+    (["--repeats", "0"], "--repeats"),
+])
+def test_bad_arguments_are_named(argv, needle, capsys):
+    with pytest.raises(SystemExit):
+        h.parse_args(argv)
+    assert needle in capsys.readouterr().err
+
+
+def _bench(rep, config, s, batch=1024, cpu=0.3, scen="one-job", gb=25_324_584, rate="1gbit"):
+    return {"scenario": scen, "repeat": rep, "status": "ok", "error": None, "config": list(config),
+            "batch": batch, "rate": rate, "s_per_step": s, "job_s": [s] * len(config),
+            "job_cpu_s": [cpu] * len(config), "grad_bytes": gb, "ranks": 2, "loadavg": [1, 1]}
+
+
+def _cl(rep, variant, jobs, alone, scen="classes", gb=25_324_584, rate="1gbit"):
+    return {"scenario": scen, "repeat": rep, "status": "ok", "error": None, "config": [variant],
+            "rate": rate, "s_per_step": sum(jobs) / len(jobs), "job_s": list(jobs),
+            "job_alone_s": list(alone), "grad_bytes": gb, "ranks": 2, "loadavg": [1, 1]}
+
+
+ONE, OVER, CLS_C1, CLS_C0, IDENT = (h.ROWS[0], h.ROWS[2], h.ROWS[5], h.ROWS[6], h.ROWS[9])
+
+
+def test_a_row_pairs_runs_by_repeat_and_sits_beside_its_link_floor():
+    runs = [_bench(0, ["horovod"], 0.80), _bench(0, ["prio"], 0.78),
+            _bench(1, ["prio"], 0.82), _bench(1, ["horovod"], 0.80),
+            _bench(2, ["horovod"], 0.90), _bench(2, ["prio"], 0.85),
+            _bench(2, ["prio"], 0.10, batch=64)]             # another batch: not this row
+    r = h.row_result(ONE, "bench", runs)
+    assert r["ratios"] == pytest.approx([0.80 / 0.78, 0.80 / 0.82, 0.90 / 0.85])
+    assert (r["base_s"], r["ours_s"], r["repeats"]) == (0.80, 0.82, 3)
+    assert r["ratio"] == pytest.approx(0.80 / 0.78)
+    floor = bounds.link_floor(2 * bounds.ring_allreduce_bytes(25_324_584, 2), 1e9)
+    assert floor == pytest.approx(2 * 25_324_584 * 8 / 1e9)       # the harness's comm floor
+    assert r["bound"]["s"] == pytest.approx(floor) and r["bound"]["source"] == "link floor"
+    assert r["bound"]["cells"] == list(report.bound_cells(0.80, 0.82, floor))
+    assert "testbed" in r["sim"]["reason"]
+
+
+def test_two_jobs_on_the_loopback_and_on_the_testbed_have_their_own_floors():
+    two = [_bench(0, ["horovod", "horovod"], 1.0, batch=512, scen="two-jobs"),
+           _bench(0, ["prio", "prio"], 0.95, batch=512, scen="two-jobs")]
+    r = h.row_result(h.ROWS[1], "bench", two)
+    assert r["bound"]["s"] == pytest.approx(2 * 2 * 25_324_584 * 8 / 1e9)
+    ident = [_cl(0, "hvd", [1.06, 1.05], [None, None], "identical-arbiter", gb=6_331_146 * 4,
+                 rate="400mbit"),
+             _cl(0, "spec", [1.05, 1.06], [None, None], "identical-arbiter", gb=6_331_146 * 4,
+                 rate="400mbit")]
+    r = h.row_result(IDENT, "cluster", ident)
+    assert r["bound"]["s"] == pytest.approx(2 * 6_331_146 * 4 * 8 / 400e6)   # once per direction
+    assert r["base_s"] == pytest.approx(1.055)
+    assert r["bound"]["cells"][1].startswith("no headroom")
+
+
+def test_overlap_rows_use_the_overlap_ceiling():
+    runs = [_bench(0, ["horovod"], 0.62, batch=128, cpu=0.45, scen="overlap-mnv2",
+                   gb=3_500_000, rate="300mbit"),
+            _bench(0, ["overlap"], 0.51, batch=128, cpu=0.47, scen="overlap-mnv2",
+                   gb=3_500_000, rate="300mbit")]
+    r = h.row_result(OVER, "bench", runs)
+    floor = 2 * 3_500_000 * 8 / 300e6
+    assert r["bound"]["s"] == pytest.approx(max(0.45, floor)) == pytest.approx(0.45)
+    assert r["bound"]["source"].startswith("overlap ceiling")
+    assert r["bound"]["cells"] == list(report.bound_cells(0.62, 0.51, 0.45))
+    runs[0]["job_cpu_s"] = [None]
+    assert "no job CPU" in h.row_result(OVER, "bench", runs)["bound"]["reason"]
+
+
+def test_class_rows_use_the_alone_time_or_say_why_there_is_no_bound():
+    runs = [_cl(0, "hvd", [0.42, 0.43], [0.26, None]), _cl(0, "spec", [0.28, 1.10], [0.276, None]),
+            _cl(1, "spec", [0.27, 1.00], [0.270, None]), _cl(1, "hvd", [0.40, 0.41], [0.25, None])]
+    r = h.row_result(CLS_C1, "cluster", runs)
+    assert r["bound"]["s"] == pytest.approx(0.273) and "alone" in r["bound"]["source"]
+    assert r["ratios"] == pytest.approx([0.42 / 0.28, 0.40 / 0.27])
+    r0 = h.row_result(CLS_C0, "cluster", runs)
+    assert r0["bound"]["s"] is None and "yields" in r0["bound"]["reason"]
+    assert h.share_text(r0).startswith("– (the class-0 job yields")
+    assert h.share_text(r) == report.bound_cells(r["base_s"], r["ours_s"], 0.273)[1]
+
+
+def test_the_simulators_prediction_is_taken_from_its_rows():
+    check = {"rows": [
+        {"variant": "hvd", "job": 0, "window": "shared", "measured_s": 0.42, "sim_s": 0.42,
+         "fitted": True},
+        {"variant": "spec", "job": 0, "window": "shared", "measured_s": 0.28, "sim_s": 0.30,
+         "fitted": False},
+        {"variant": "spec", "job": 1, "window": "shared", "measured_s": 1.1, "sim_s": 0.9,
+         "fitted": False},
+        {"variant": "spec", "job": 0, "window": "alone", "measured_s": 0.27, "sim_s": 0.5}]}
+    s = h.sim_for(CLS_C1, check, "")
+    assert s["ours"]["sim_s"] == pytest.approx(0.30)
+    assert s["ours"]["error"] == pytest.approx(0.30 / 0.28 - 1)
+    assert s["base"]["fitted"] is True
+    both = h.sim_for(IDENT, check, "")                      # mean over the jobs
+    assert both["ours"]["sim_s"] == pytest.approx(0.6)
+    assert h.sim_for(CLS_C1, None, "no measured profile x") == {"reason": "no measured profile x"}
+    r = h.row_result(CLS_C1, "cluster", [_cl(0, "hvd", [0.42, 0.4], [0.3, None]),
+                                         _cl(0, "spec", [0.28, 1], [0.27, None])], s)
+    assert h.sim_text(r) == "0.300 (+7%)"
+
+
+def test_aa_pairs_come_from_the_one_job_control():
+    runs = [_bench(0, ["horovod"], 0.80), _bench(0, [h.AA_CONTROL], 0.81),
+            _bench(1, [h.AA_CONTROL], 0.79), _bench(1, ["horovod"], 0.80),
+            _bench(2, ["horovod"], 0.80)]
+    assert h.aa_pairs(runs) == [(0.80, 0.81), (0.80, 0.79)]
+
+
+def _result(runs, scens, quick=False):
+    res = {"format": h.FORMAT, "meta": {
+        "command": "python -m benchmarks.headline", "date": "2026-12-07T06:00:00+00:00",
+        "git": "abc1234", "machine": h.machine(), "loadavg_start": 0.5, "loadavg_end": 0.7,
+        "repeats": 3, "quick": quick,
+        "scenarios": {s.key: {"runner": s.runner, "argv": list(s.quick_argv if quick else s.argv)}
+                      for s in scens}}, "runs": runs}
+    h.summarize(res, scens, {})
+    return res
+
+
+def test_results_file_is_compact_and_its_table_has_every_row():
+    scens = list(h.SCENARIOS)
+    runs = []
+    for rep in range(3):
+        runs += [_bench(rep, ["horovod"], 0.73), _bench(rep, ["prio"], 0.735),
+                 _bench(rep, [h.AA_CONTROL], 0.74)]
+        runs += [_bench(rep, c, 1.05, batch=512, scen="two-jobs")
+                 for c in (["horovod", "horovod"], ["prio", "prio"])]
+        runs += [_bench(rep, c, 0.6, batch=b, scen="overlap-mnv2")
+                 for b in (128, 160, 256) for c in (["horovod"], ["overlap"])]
+        runs += [_cl(rep, v, [0.4, 0.5], [0.27, None], scen=k)
+                 for k in ("classes", "join", "identical-arbiter") for v in ("hvd", "spec")]
+    res = _result(runs, scens)
+    assert len(res["rows"]) == len(h.ROWS)
+    text = json.dumps(res, indent=1)
+    assert len(text.encode()) < 200_000
+    assert "steps" not in {k for r in res["runs"] for k in r}
+    md = h.markdown(res)
+    assert "| share of the bound |" in md
+    for row in h.ROWS:
+        assert f"| {row.title} |" in md
+    assert "A/A resolution over 3 pair(s)" in md and "same sweep" in md
+
+
+def test_compact_keeps_a_runs_values_not_its_series():
+    steps = [{"step": i, "warmup": i < 1, "t_start": 10.0 + i, "t_end": 10.5 + i,
+              "cpu_start": 1.0 * i, "cpu_end": 1.0 * i + 0.2} for i in range(6)]
+    rec = {"scenario": "s", "config": ["horovod"], "rate": "1gbit", "batch": 1024, "repeat": 1,
+           "status": "ok", "error": None, "loadavg_before": 1.0, "loadavg_after": 2.0,
+           "link_samples": [[0, 0]] * 500,
+           "jobs": [{"name": "job0", "impl": "horovod", "steps": steps,
+                     "meta": {"grad_bytes": 1000, "size": 2}}]}
+    c = h.compact("one-job", "bench", rec)
+    assert c["s_per_step"] == pytest.approx(report.run_stats(rec)["mean_of_jobs"])
+    assert (c["grad_bytes"], c["ranks"], c["repeat"], c["batch"]) == (1000, 2, 1, 1024)
+    from benchmarks import results_index                 # the index reads the load from runs
+    assert results_index._loads([c]) == [1.0, 2.0]
+    assert "jobs" not in c and "link_samples" not in c
+    failed = h.compact("classes", "cluster", dict(rec, status="failed", error="boom\ntail",
+                                                  variant="spec"))
+    assert (failed["status"], failed["error"], failed["config"]) == ("failed", "boom", ["spec"])
+
+
+def test_rows_of_batches_not_run_are_left_out_and_rows_without_a_pair_say_so():
+    q = h.parse_args(["--quick"])
+    res = _result([_bench(0, ["horovod"], 0.73)], h.selected(q), quick=True)
+    titles = [r["title"] for r in res["rows"]]
+    assert OVER.title in titles and h.ROWS[3].title not in titles     # b160 not in --quick
+    assert h.ROWS[1].title not in titles                              # two-jobs not in --quick
+    one = res["rows"][0]
+    assert one["bound"] == {"s": None, "reason": "no repeat with both runs ok"}
+
+
+def _job(name, dt, n=8, t0=100.0, grad_bytes=25_324_584):
+    steps = [{"step": i, "warmup": i < 2, "t_start": t0 + i * dt, "t_end": t0 + (i + 1) * dt - 1e-3,
+              "cpu_start": 0.3 * i, "cpu_end": 0.3 * i + 0.2} for i in range(n)]
+    return {"name": name, "impl": "horovod", "steps": steps,
+            "meta": {"grad_bytes": grad_bytes, "size": 2}}
+
+
+def test_main_runs_the_matrix_through_the_runners_and_writes_one_folder(tmp_path, monkeypatch):
+    """The whole command with the runners' execute_run replaced by canned runs:
+    every planned run reaches its runner once, results.json/.md are written."""
+    calls = []
+
+    def bench_exec(r, args, workroot, progress):
+        calls.append(("bench", tuple(r["config"]), r["batch"], r["repeat"]))
+        assert workroot.name == "one-job" or workroot.name == "overlap-mnv2"   # own folder
+        dt = {"horovod": 0.80, "prio": 0.79, h.AA_CONTROL: 0.81, "overlap": 0.5}[r["config"][0]]
+        return dict(r, label="x", status="ok", error=None, loadavg_before=1.0, loadavg_after=1.0,
+                    jobs=[_job(f"job{i}", dt) for i in range(len(r["config"]))])
+
+    def cluster_exec(r, args, workroot, secret_file, progress):
+        calls.append(("cluster", r["variant"], r["repeat"]))
+        assert workroot.name == "classes"
+        assert secret_file.exists()
+        dt = 0.4 if r["variant"] == "hvd" else 0.3
+        return dict(r, label="x", status="ok", error=None, rate=args.rate, loadavg_before=1.0,
+                    loadavg_after=1.0, jobs=[_job("job0", dt, n=20), _job("job1", 0.5, t0=103.0)])
+
+    monkeypatch.setattr(h, "preflight", lambda tag: True)
+    monkeypatch.setattr(h, "check_prio_available", lambda: (True, ""))
+    from benchmarks import cgroups, testbed
+    for mod in (h.netns, testbed, cgroups):
+        monkeypatch.setattr(mod, "cleanup_stale", lambda *a, **k: [])
+    monkeypatch.setattr(run, "execute_run", bench_exec)
+    monkeypatch.setattr(cluster, "execute_run", cluster_exec)
+    out = tmp_path / "headline-x"
+    assert h.main(["--quick", "--out", str(out)]) == 0
+    q = h.parse_args(["--quick"])
+    assert len(calls) == sum(len(p) for p in _plans(q).values())
+    res = json.loads((out / "results.json").read_text())
+    assert res["format"] == h.FORMAT and res["meta"]["git"] is not None
+    assert res["meta"]["command"] == f"python -m benchmarks.headline --quick --out {out}"
+    assert [r["title"] for r in res["rows"]] == [ONE.title, OVER.title, CLS_C1.title, CLS_C0.title]
+    one = res["rows"][0]
+    assert one["ratio"] == pytest.approx(0.80 / 0.79, rel=1e-3)
+    assert one["bound"]["source"] == "link floor"
+    assert res["aa"]["pairs"] == [[pytest.approx(0.80, rel=1e-2), pytest.approx(0.81, rel=1e-2)]]
+    assert res["rows"][2]["bound"]["s"] == pytest.approx(0.3, rel=1e-2)   # alone, ours
+    # testbed rows carry the simulator's prediction (the measured MLP b64 profile)
+    assert set(res["rows"][2]["sim"]) == {"base", "ours"}
+    assert "testbed" in res["rows"][0]["sim"]["reason"]
+    md = (out / "results.md").read_text()
+    assert md.startswith("Command: `python -m benchmarks.headline --quick")
+    assert "A/A resolution over 1 pair(s)" in md
+    assert not (out / "raw").exists()
