@@ -4,7 +4,7 @@ resolution.
 
     sudo .venv/bin/python -m benchmarks.headline               # full matrix (make bench)
     sudo .venv/bin/python -m benchmarks.headline --quick       # a reduced matrix, a few minutes
-    python tools/readme_table.py --write --from results/headline-<date>
+    python tools/readme_table.py --write --from results/headline/<date>
 
 Runs the scenarios of :data:`SCENARIOS` through the existing runners --
 ``benchmarks.run`` (one shaped loopback link) and ``benchmarks.cluster`` (the
@@ -24,9 +24,9 @@ the share of the bound's gain (``benchmarks.report.bound_cells``) and, for
 testbed rows whose model has a measured profile under ``results/sim/``, the
 simulator's prediction and its error (``benchmarks.sim_check.check``).
 
-Writes ``OUT/results.json`` (compact: no step series; < 200 KB) and
+Writes ``OUT/results.json.gz`` (compact: no step series; < 200 KB) and
 ``OUT/results.md``; OUT defaults to ``results/headline-<UTC date>``
-(``--quick``: ``results/headline-quick-<date>``). ``--keep-raw`` also writes
+(``--quick``: ``results/headline/quick-<date>``). ``--keep-raw`` also writes
 each scenario's full runner results under ``OUT/raw/<scenario>/`` (large: do
 not commit). Needs root.
 """
@@ -34,7 +34,6 @@ from __future__ import annotations
 
 import argparse
 import datetime as _dt
-import json
 import os
 import platform
 import secrets
@@ -43,12 +42,12 @@ import statistics
 import sys
 import tempfile
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 from horovod_prio.method import units
 
-from . import bounds, netns, report
+from . import bounds, netns, report, results_io
 from .harness import REPO, Progress, check_prio_available, git_rev, positive_int, preflight
 
 FORMAT = "horovod_prio.headline/1"
@@ -155,8 +154,8 @@ def build_parser():
     p.add_argument("--only", default=None, metavar="KEY[,KEY...]",
                    help="run only these scenarios (" + ", ".join(s.key for s in SCENARIOS) + ")")
     p.add_argument("--out", default=None,
-                   help="result folder (default results/headline-<date>, "
-                        "--quick: results/headline-quick-<date>)")
+                   help="result folder (default results/headline/<date>, "
+                        "--quick: results/headline/quick-<date>)")
     p.add_argument("--keep-raw", action="store_true",
                    help="also write every scenario's full runner results to OUT/raw/<key>/")
     return p
@@ -177,7 +176,7 @@ def parse_args(argv=None):
         a.only = keys
     if a.out is None:
         day = _dt.datetime.now(_dt.timezone.utc).date().isoformat()
-        a.out = str(REPO / "results" / (f"headline-quick-{day}" if a.quick else f"headline-{day}"))
+        a.out = str(REPO / "results" / "headline" / (f"quick-{day}" if a.quick else day))
     return a
 
 
@@ -481,7 +480,7 @@ def summarize(res: dict, scens: list[Scenario], sims: dict) -> None:
 
 def write(res: dict, out: Path) -> None:
     out.mkdir(parents=True, exist_ok=True)
-    (out / "results.json").write_text(json.dumps(res, indent=1))
+    results_io.save(out, res, raw=False)
     (out / "results.md").write_text(markdown(res))
 
 
@@ -571,10 +570,9 @@ def main(argv=None) -> int:
     write(res, out)
     if args.keep_raw:
         for key, data in raw.items():
-            (out / "raw" / key).mkdir(parents=True, exist_ok=True)
-            (out / "raw" / key / "results.json").write_text(cluster.dump_results(data))
+            results_io.save(out / "raw" / key, data)
     sys.stdout.write(markdown(res))
-    sys.stderr.write(f"[headline] wrote {out}/results.json, results.md\n")
+    sys.stderr.write(f"[headline] wrote {out}/results.json.gz, results.md\n")
     if code:
         return code
     return 1 if any(r["status"] != "ok" for r in res["runs"]) else 0

@@ -82,12 +82,12 @@ def test_share_of_the_bound_comes_from_the_folder_or_says_why_not(tmp_path):
 
 
 def _headline(tmp_path, rows, fmt="horovod_prio.headline/1"):
-    d = tmp_path / "results" / "headline-2026-12-08"
+    d = tmp_path / "results" / "headline" / "2026-12-08"
     d.mkdir(parents=True)
     (d / "results.json").write_text(json.dumps({
         "format": fmt, "meta": {"date": "2026-12-08T05:00:00+00:00", "git": "1234abc"},
         "rows": rows}))
-    return "results/headline-2026-12-08"
+    return "results/headline/2026-12-08"
 
 
 def test_rows_a_headline_folder_measured_replace_their_folders(tmp_path):
@@ -107,7 +107,7 @@ def test_rows_a_headline_folder_measured_replace_their_folders(tmp_path):
     lines = tab.splitlines()
     assert len(lines) == 2 + len(readme_table.HEADLINES)
     assert ("| %s | 0.730 | 0.740 | 0.99× (0.98–1.01) | -3%% | 2026-12-08, git 1234abc | "
-            "[headline-2026-12-08](results/headline-2026-12-08/) |" % one) in lines
+            "[headline/2026-12-08](results/headline/2026-12-08/) |" % one) in lines
     assert "| 0.39× | – (the class-0 job yields by design: no bound) | 2026-12-08, git 1234abc" in tab
     assert "a row the README does not list" not in tab
     # a row the headline run has no numbers for, and rows it did not run, keep their folders
@@ -123,11 +123,11 @@ def test_rows_a_headline_folder_measured_replace_their_folders(tmp_path):
 def test_the_marker_records_the_headline_folder_for_write_and_check():
     text = "intro\n%s\nold\n%s\nafter\n" % (readme_table.BEGIN, readme_table.END)
     assert readme_table.source_of(text) is None
-    new = readme_table.render(text, "| t |", "results/headline-2026-12-08")
-    assert readme_table.source_of(new) == "results/headline-2026-12-08"
+    new = readme_table.render(text, "| t |", "results/headline/2026-12-08")
+    assert readme_table.source_of(new) == "results/headline/2026-12-08"
     assert readme_table.current(new) == "| t |"
     assert new.startswith("intro\n<!-- headline table: begin (python tools/readme_table.py "
-                          "--write --from results/headline-2026-12-08) -->\n| t |\n")
+                          "--write --from results/headline/2026-12-08) -->\n| t |\n")
     assert new.endswith(readme_table.END + "\nafter\n")
     back = readme_table.render(new, "| u |")
     assert readme_table.source_of(back) is None and back.count("begin") == 1

@@ -3,7 +3,7 @@
     python tools/readme_table.py            # print the table
     python tools/readme_table.py --write    # replace it in README.md (between the markers)
     python tools/readme_table.py --check    # exit 1 if README.md's table differs
-    python tools/readme_table.py --write --from results/headline-<date>
+    python tools/readme_table.py --write --from results/headline/<date>
 
 Each row names a result folder and the rows of its ``results.md`` (the
 table the run's own report wrote) to read: plain Horovod's and
@@ -14,13 +14,12 @@ folder gives the row's bound, and the run's date and git commit from its
 ``Command:`` line.
 
 ``--from DIR`` (a ``python -m benchmarks.headline`` folder) takes every row
-that folder measured from its ``results.json`` instead (matched by the
+that folder measured from its ``results.json.gz`` instead (matched by the
 scenario text); the other rows keep their folders. The folder is recorded in
 the README's begin marker, so ``--write`` and ``--check`` without ``--from``
 keep using it.
 """
 import argparse
-import json
 import re
 import sys
 from pathlib import Path
@@ -29,6 +28,7 @@ REPO = Path(__file__).resolve().parent.parent
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 from benchmarks.report import bound_cells  # noqa: E402
+from benchmarks.results_io import read_json, results_path  # noqa: E402
 
 README = REPO / "README.md"
 BEGIN = "<!-- headline table: begin (python tools/readme_table.py --write) -->"
@@ -175,17 +175,18 @@ def headline_row(scenario, folder, base, ours, kind, bound, root=REPO / "results
 
 def read_headline(folder, repo=REPO):
     """``{scenario text: row line}`` of a ``benchmarks.headline`` folder
-    (``folder`` relative to the repository, e.g. ``results/headline-2026-12-08``)."""
-    path = repo / folder / "results.json"
+    (``folder`` relative to the repository, e.g. ``results/headline/2026-12-08``)."""
+    path = repo / folder / "results.json.gz"
     try:
-        res = json.loads(path.read_text())
-    except (OSError, ValueError) as e:
+        res = read_json(results_path(repo / folder))
+    except (OSError, ValueError, EOFError) as e:
         raise ValueError("--from %s: cannot read %s (%s)" % (folder, path, e)) from None
     if res.get("format") != HEADLINE_FORMAT:
         raise ValueError("--from %s: %s is not a benchmarks.headline result (format %r)"
                          % (folder, path, res.get("format")))
     meta = res["meta"]
-    name = Path(folder).name
+    name = Path(folder).relative_to("results").as_posix() if folder.startswith("results/") \
+        else Path(folder).name
     out = {}
     for r in res["rows"]:
         if r.get("base_s") is None or r.get("ours_s") is None or r.get("ratio") is None:
@@ -241,7 +242,7 @@ def main(argv=None):
     g.add_argument("--write", action="store_true", help="replace the table in README.md")
     g.add_argument("--check", action="store_true", help="exit 1 if README.md's table differs")
     p.add_argument("--from", dest="source", metavar="DIR",
-                   help="a benchmarks.headline folder (e.g. results/headline-2026-12-08) whose "
+                   help="a benchmarks.headline folder (e.g. results/headline/2026-12-08) whose "
                         "rows replace those of the folders (default: the one the README's "
                         "marker names, if any)")
     args = p.parse_args(argv)

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from benchmarks import bounds, cluster, headline as h, report, run
+from benchmarks import bounds, cluster, headline as h, report, results_io, run
 
 
 def _plans(args):
@@ -274,7 +274,7 @@ def test_main_runs_the_matrix_through_the_runners_and_writes_one_folder(tmp_path
     assert h.main(["--quick", "--out", str(out)]) == 0
     q = h.parse_args(["--quick"])
     assert len(calls) == sum(len(p) for p in _plans(q).values())
-    res = json.loads((out / "results.json").read_text())
+    res = results_io.load(out)
     assert res["format"] == h.FORMAT and res["meta"]["git"] is not None
     assert res["meta"]["command"] == f"python -m benchmarks.headline --quick --out {out}"
     assert [r["title"] for r in res["rows"]] == [ONE.title, OVER.title, CLS_C1.title, CLS_C0.title]
