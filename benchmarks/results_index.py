@@ -11,7 +11,9 @@ harnesses, ``command`` of the simulator's JSON, the ``Command:`` line of a
 markdown report); whatever the run did not record is written as
 "not recorded", followed by the commit that first added the entry to git.
 The table sits between two marker lines in ``results/README.md``; the text
-around it is kept.
+around it is kept. So does the list of the dated write-ups
+``results/findings/*.md`` (one line each, from the file's title), between
+its own two marker lines.
 """
 from __future__ import annotations
 
@@ -29,6 +31,8 @@ RESULTS = REPO / "results"
 BEGIN = "<!-- results index: begin (python -m benchmarks.results_index) -->"
 END = "<!-- results index: end -->"
 NOT_RECORDED = "not recorded"
+FBEGIN = "<!-- findings index: begin (python -m benchmarks.results_index) -->"
+FEND = "<!-- findings index: end -->"
 
 
 def entries(root: Path = RESULTS) -> list[Path]:
@@ -41,6 +45,24 @@ def entries(root: Path = RESULTS) -> list[Path]:
             if e.is_dir() or e.suffix == ".json":
                 out.append(e)
     return out
+
+
+def findings(root: Path = RESULTS) -> list[Path]:
+    """The dated write-ups ``root/findings/*.md``, sorted (by name, i.e. by date)."""
+    d = root / "findings"
+    return sorted(p for p in d.glob("*.md") if p.name != "README.md") if d.is_dir() else []
+
+
+def findings_list(root: Path = RESULTS) -> str:
+    """One line per findings file: ``- [<title>](findings/<name>)``; the title is the
+    file's first ``# `` heading without its ``Findings:`` prefix."""
+    lines = []
+    for f in findings(root):
+        title = next((l[2:].strip() for l in f.read_text().splitlines() if l.startswith("# ")),
+                     f.stem)
+        title = re.sub(r"^Findings:\s*", "", title)
+        lines.append(f"- [{_cell(title)}](findings/{f.name})")
+    return "\n".join(lines)
 
 
 def _load_json(path: Path):
@@ -163,12 +185,20 @@ def table(root: Path = RESULTS) -> str:
     return "\n".join(lines)
 
 
-def render(readme_text: str, tab: str) -> str:
-    if BEGIN in readme_text and END in readme_text:
-        head, rest = readme_text.split(BEGIN, 1)
-        _, tail = rest.split(END, 1)
-        return f"{head}{BEGIN}\n{tab}\n{END}{tail or chr(10)}"
-    return f"{readme_text.rstrip()}\n\n{BEGIN}\n{tab}\n{END}\n"
+def _put(text: str, begin: str, end: str, body: str, heading: str = "") -> str:
+    if begin in text and end in text:
+        head, rest = text.split(begin, 1)
+        _, tail = rest.split(end, 1)
+        return f"{head}{begin}\n{body}\n{end}{tail or chr(10)}"
+    return f"{text.rstrip()}\n\n{heading}{begin}\n{body}\n{end}\n"
+
+
+def render(readme_text: str, tab: str, flist: str = "") -> str:
+    """``readme_text`` with the index table (and, when there are findings files or
+    their markers, the findings list) written between their markers."""
+    if flist or (FBEGIN in readme_text and FEND in readme_text):
+        readme_text = _put(readme_text, FBEGIN, FEND, flist, "## Findings\n\n")
+    return _put(readme_text, BEGIN, END, tab)
 
 
 def indexed(readme_text: str) -> list[str]:
@@ -179,11 +209,20 @@ def indexed(readme_text: str) -> list[str]:
     return re.findall(r"^\| \[([^\]]+)\]\(", body, flags=re.M)
 
 
+def indexed_findings(readme_text: str) -> list[str]:
+    """The findings files (``findings/<name>.md``) listed between the findings markers."""
+    if FBEGIN not in readme_text or FEND not in readme_text:
+        return []
+    body = readme_text.split(FBEGIN, 1)[1].split(FEND, 1)[0]
+    return re.findall(r"^- \[.*\]\((findings/[^)]+)\)\s*$", body, flags=re.M)
+
+
 def check(readme_text: str, root: Path = RESULTS) -> tuple[list[str], list[str]]:
     """(entries missing from the index, indexed entries that no longer exist). Only
     the list is compared: the git-derived text differs in shallow clones."""
     have = [e.relative_to(root).as_posix() + ("/" if e.is_dir() else "") for e in entries(root)]
-    listed = indexed(readme_text)
+    have += [f.relative_to(root).as_posix() for f in findings(root)]
+    listed = indexed(readme_text) + indexed_findings(readme_text)
     return [e for e in have if e not in listed], [e for e in listed if e not in have]
 
 
@@ -191,8 +230,8 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="python -m benchmarks.results_index", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--check", action="store_true",
-                    help="do not write; exit 1 if results/README.md's table misses an entry "
-                         "or lists one that is gone")
+                    help="do not write; exit 1 if results/README.md's table or findings list "
+                         "misses an entry or lists one that is gone")
     ap.add_argument("--root", default=str(RESULTS), help=argparse.SUPPRESS)
     a = ap.parse_args(argv)
     root = Path(a.root)
@@ -205,9 +244,10 @@ def main(argv=None) -> int:
                              f"present: {stale or '-'}): run python -m benchmarks.results_index\n")
             return 1
         return 0
-    new = render(old, table(root))
+    new = render(old, table(root), findings_list(root))
     readme.write_text(new)
-    sys.stderr.write(f"wrote {readme} ({len(entries(root))} entries)\n")
+    sys.stderr.write(f"wrote {readme} ({len(entries(root))} entries, "
+                     f"{len(findings(root))} findings)\n")
     return 0
 
 

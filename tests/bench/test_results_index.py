@@ -50,3 +50,40 @@ def test_check_names_missing_and_stale_entries(tmp_path):
     (tmp_path / "sim" / "c").mkdir(parents=True)
     assert ri.check((tmp_path / "README.md").read_text(), tmp_path) == (["sim/c/"], ["bench/a/"])
     assert ri.main(["--root", str(tmp_path), "--check"]) == 1
+
+
+def test_results_readme_lists_every_findings_file():
+    # fails when a write-up is added under results/findings/ without re-running
+    # `python -m benchmarks.results_index`, or when the generator stops listing them
+    text = (ri.RESULTS / "README.md").read_text()
+    files = sorted((ri.RESULTS / "findings").glob("*.md"))
+    assert files and [f.name for f in ri.findings()] == [f.name for f in files]
+    listed = ri.indexed_findings(text)
+    assert listed == ["findings/" + f.name for f in files]
+
+
+def test_findings_are_listed_by_title_and_checked(tmp_path):
+    (tmp_path / "bench" / "a").mkdir(parents=True)
+    fd = tmp_path / "findings"
+    fd.mkdir()
+    (fd / "2026-01-02-x.md").write_text("# Findings: what x showed\n\nReads bench/a.\n")
+    (tmp_path / "README.md").write_text("# Results\n\nprose kept\n")
+    assert ri.main(["--root", str(tmp_path)]) == 0
+    text = (tmp_path / "README.md").read_text()
+    assert text.startswith("# Results\n\nprose kept\n")
+    assert "- [what x showed](findings/2026-01-02-x.md)\n" in text
+    assert ri.check(text, tmp_path) == ([], [])
+    assert ri.main(["--root", str(tmp_path), "--check"]) == 0
+    # a new write-up not yet listed: --check fails and names it
+    (fd / "2026-01-03-y.md").write_text("# Findings: y\n")
+    assert ri.check(text, tmp_path) == (["findings/2026-01-03-y.md"], [])
+    assert ri.main(["--root", str(tmp_path), "--check"]) == 1
+    # regenerating lists it, in date order, and keeps the text around the list
+    assert ri.main(["--root", str(tmp_path)]) == 0
+    text = (tmp_path / "README.md").read_text()
+    assert ri.indexed_findings(text) == ["findings/2026-01-02-x.md", "findings/2026-01-03-y.md"]
+    assert text.count(ri.FBEGIN) == 1 and text.startswith("# Results\n\nprose kept\n")
+    # a listed write-up that is gone is named as stale
+    (fd / "2026-01-02-x.md").unlink()
+    assert ri.check(text, tmp_path) == ([], ["findings/2026-01-02-x.md"])
+    assert ri.main(["--root", str(tmp_path), "--check"]) == 1
