@@ -440,6 +440,9 @@ def summarize_run(ranks: list[dict], samples: list[dict], steps: int, warmup: in
     out["peak_rss_by_role"] = {k: max(v) for k, v in rss.items()}
     out["ranks"] = [{k: r[k] for k in ("rank", "role", "host", "vm_hwm", "rss_after_init")}
                     for r in ranks]
+    pool_ops = [r["sparse_ops_of_pool0"] for r in ranks if "sparse_ops_of_pool0" in r]
+    if pool_ops:
+        out["sparse_ops_of_pool0"] = pool_ops[0]
     return out
 
 
