@@ -90,7 +90,8 @@ def worker(a):
     roles = roles_mod.from_env()
     hvd.init(process_sets=roles.process_sets())
     tf.keras.utils.set_random_seed(1)
-    model = build_model(a)
+    with placement.placeholder_tables():   # tables live only on the parameter-server shards
+        model = build_model(a)
     plan = placement.place(model)
     if hvd.rank() == 0:
         print("roles: %s" % roles, flush=True)

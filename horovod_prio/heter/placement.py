@@ -18,6 +18,7 @@ A per-layer override (``{"layer_name": "sparse" | "dense"}``) wins over the
 op types. The table of op types is stated here once (docs/heter.md repeats it).
 """
 import collections
+import contextlib
 
 KINDS = ("sparse", "dense")
 
@@ -103,6 +104,58 @@ def _nbytes(variables):
     return int(sum(v.shape.num_elements() * v.dtype.size for v in variables))
 
 
+@contextlib.contextmanager
+def placeholder_tables():
+    """Within this context ``tf.keras.layers.Embedding`` layers built (e.g. by
+    building a model) get a one-row placeholder instead of their table: the
+    model traces, places and cuts as before, but no rank allocates a table.
+    The declared shape stays on the layer (:func:`table_shape`); the
+    parameter-server shards then initialise only their own rows with the
+    layer's ``embeddings_initializer``. Build the model inside it on every
+    rank of a heterogeneous job whose tables should live only on the shards."""
+    tf = _tf()
+    cls = tf.keras.layers.Embedding
+    real = cls.build
+
+    def build(self, input_shape=None):
+        self._heter_table_shape = (int(self.input_dim), int(self.output_dim))
+        self.embeddings = self.add_weight(
+            shape=(1, self.output_dim), initializer=self.embeddings_initializer,
+            name="embeddings", regularizer=self.embeddings_regularizer,
+            constraint=self.embeddings_constraint, experimental_autocast=False)
+        self.built = True
+
+    cls.build = build
+    try:
+        yield
+    finally:
+        cls.build = real
+
+
+def is_placeholder(layer):
+    """True for an embedding layer built under :func:`placeholder_tables`."""
+    return getattr(layer, "_heter_table_shape", None) is not None
+
+
+def table_shape(layer):
+    """(rows, dim) of an embedding layer's table as declared (a placeholder's
+    too), or None for a layer without a 2-D table."""
+    if is_placeholder(layer):
+        return layer._heter_table_shape
+    table = max(layer.trainable_variables, key=lambda v: v.shape.num_elements(), default=None)
+    if table is None or len(table.shape) != 2:
+        return None
+    return int(table.shape[0]), int(table.shape[1])
+
+
+def _param_bytes(layer):
+    if is_placeholder(layer):
+        rows, dim = layer._heter_table_shape
+        others = [w for w in layer.weights if w is not layer.embeddings]
+        return rows * dim * layer.embeddings.dtype.size + _nbytes(others)
+    return _nbytes(layer.weights)
+
+
 def _out_bytes_per_sample(layer):
     total = 0
     for t in _tf().nest.flatten(layer.output):
@@ -169,12 +222,12 @@ class Plan:
             for t in tf.nest.flatten(layer.input):
                 for d in t.shape[1:]:
                     ids_per_sample *= d or 1
-            table = max(layer.trainable_variables, key=lambda v: v.shape.num_elements(), default=None)
-            if table is None or len(table.shape) != 2:
+            shape = table_shape(layer)
+            if shape is None:
                 continue
-            touched = min(batch_size * ids_per_sample, int(table.shape[0]))
+            touched = min(batch_size * ids_per_sample, shape[0])
             keys += touched * 8
-            rows += touched * int(table.shape[1]) * table.dtype.size
+            rows += touched * shape[1] * 4          # float32 rows, as the shards hold them
         for p in self.boundary():
             acts += batch_size * (p.out_bytes_per_sample or 0)
         dense = self.param_bytes("dense")
@@ -235,7 +288,7 @@ def place(model, overrides=None, require_sparse=True):
         if layer.name in overrides:
             kind, reason = overrides[layer.name], "override (ops said %s: %s)" % (kind, reason)
         placed.append(LayerPlacement(layer.name, type(layer).__name__, kind, reason,
-                                     _nbytes(layer.weights), _out_bytes_per_sample(layer),
+                                     _param_bytes(layer), _out_bytes_per_sample(layer),
                                      tuple(sparse), tuple(dense)))
     plan = Plan(model, placed)
     if require_sparse and not plan.names("sparse"):

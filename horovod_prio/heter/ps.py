@@ -20,6 +20,8 @@ optimizer that updates them, exactly as Keras's optimizer would.
 * :class:`Shard` - one shard's tables, slots and step counter; pulls rows,
   applies pushed row gradients, saves and loads its state.
 """
+import collections
+
 import numpy as np
 
 SHARDINGS = ("mod", "range")
@@ -169,10 +171,16 @@ def dedupe(ids, values):
     return unique, tf.math.unsorted_segment_sum(values, positions, tf.shape(unique)[0])
 
 
+class TableSpec(collections.namedtuple("TableSpec", "rows dim initializer")):
+    """A table a shard initialises itself: ``initializer(shape, dtype)`` (a
+    Keras initializer) gives the rows this shard owns; nobody holds the whole
+    table."""
+
+
 class Shard:
-    """One parameter-server shard: for each table (name -> full initial rows
-    or a (rows, dim) shape) the rows this shard owns, their optimizer slots
-    and the shard's step counter."""
+    """One parameter-server shard: for each table (name -> its full initial
+    rows, or a :class:`TableSpec`) the rows this shard owns, their optimizer
+    slots and the shard's step counter."""
 
     def __init__(self, index, num_shards, tables, optimizer, sharding="mod", dtype=np.float32):
         import tensorflow as tf
@@ -182,15 +190,20 @@ class Shard:
         self.sharding, self.tables, self.slots, self.shardings = sharding, {}, {}, {}
         self.step = tf.Variable(0, dtype=tf.int64, trainable=False, name="heter_ps_step")
         for name, initial in tables.items():
-            initial = np.asarray(initial, dtype)
-            if initial.ndim != 2:
-                raise ValueError("table %r: initial rows of shape %s, give (rows, dim)"
-                                 % (name, initial.shape))
-            sh = Sharding(initial.shape[0], num_shards, sharding)
-            own = initial[sh.global_ids(index)]
+            if isinstance(initial, TableSpec):
+                sh = Sharding(int(initial.rows), num_shards, sharding)
+                own = initial.initializer((len(sh.global_ids(index)), int(initial.dim)),
+                                          dtype=tf.as_dtype(dtype))
+            else:
+                initial = np.asarray(initial, dtype)
+                if initial.ndim != 2:
+                    raise ValueError("table %r: initial rows of shape %s, give (rows, dim)"
+                                     % (name, initial.shape))
+                sh = Sharding(initial.shape[0], num_shards, sharding)
+                own = initial[sh.global_ids(index)]
             self.shardings[name] = sh
             self.tables[name] = tf.Variable(own, name="heter_%s_shard%d" % (name, index))
-            self.slots[name] = {s: tf.Variable(optimizer.initial_slot(s, own.shape, dtype),
+            self.slots[name] = {s: tf.Variable(optimizer.initial_slot(s, tuple(own.shape), dtype),
                                                name="heter_%s_%s_shard%d" % (name, s, index))
                                 for s in optimizer.slot_names}
         self._apply = {}

@@ -83,7 +83,7 @@ class HeterTrainer:
         if self.role == "ps":
             self.shard = ps_mod.Shard(
                 self.ps_ranks.index(self.rank), len(self.ps_ranks),
-                {t["name"]: t["layer"].embeddings.numpy() for t in self.tables},
+                {t["name"]: self._initial(t) for t in self.tables},
                 ps_mod.Optimizer.from_keras(optimizer), sharding)
         if self.role == "dense":
             self._build_dense()
@@ -107,7 +107,7 @@ class HeterTrainer:
                                  "input of ids" % name)
             input_name = layer.input.name
             id_inputs.add(id(layer.input))
-            rows, dim = (int(d) for d in layer.embeddings.shape)
+            rows, dim = placement_mod.table_shape(layer)
             if len(self.roles.ranks["ps"]) > rows:
                 raise ValueError("HOROVOD_PRIO_HETER_ROLES: %d parameter-server shards but table "
                                  "%r has only %d rows" % (len(self.roles.ranks["ps"]), name, rows))
@@ -122,6 +122,16 @@ class HeterTrainer:
         self.dense_input_names = [t.name for t in self.model.inputs if id(t) not in id_inputs]
         self._dense_inputs = [t for t in self.model.inputs if id(t) not in id_inputs]
         self.features = sum(t["per_sample"] * t["dim"] for t in self.tables)
+
+    @staticmethod
+    def _initial(t):
+        """A table's initial rows for the shards: the model's table, or -- for a
+        placeholder (``placement.placeholder_tables``) -- the layer's initializer,
+        which each shard applies to its own rows only."""
+        layer = t["layer"]
+        if placement_mod.is_placeholder(layer):
+            return ps_mod.TableSpec(t["rows"], t["dim"], layer.embeddings_initializer)
+        return layer.embeddings.numpy()
 
     def _build_dense(self):
         tf = self.tf

@@ -106,3 +106,19 @@ def test_model_without_sparse_ops_is_an_error():
 
 def test_op_tables_are_disjoint():
     assert not placement.SPARSE_OP_TYPES & placement.DENSE_OP_TYPES
+
+
+def test_placeholder_tables_keep_the_declared_shape_and_allocate_one_row():
+    full = placement.place(embedding_dense_model())
+    with placement.placeholder_tables():
+        model = embedding_dense_model()
+    emb = model.get_layer("emb")
+    assert tuple(emb.embeddings.shape) == (1, 8) and placement.is_placeholder(emb)
+    assert placement.table_shape(emb) == (50, 8)
+    plan = placement.place(model)
+    assert plan.kind("emb") == "sparse"
+    assert plan.param_bytes("sparse") == full.param_bytes("sparse") == 50 * 8 * 4
+    assert plan.exchange_bytes(64) == full.exchange_bytes(64)
+    # the context ends: a model built after it has its whole table again
+    again = embedding_dense_model().get_layer("emb")
+    assert tuple(again.embeddings.shape) == (50, 8) and not placement.is_placeholder(again)

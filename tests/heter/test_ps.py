@@ -139,3 +139,20 @@ def test_bad_inputs_are_named():
         sh.pull("t", [0, 1, 7])
     with pytest.raises(ValueError, match=r"ids \[-1\]"):
         sh.push({"t": ([-1], np.zeros((1, 2), np.float32))})
+
+
+@pytest.mark.parametrize("sharding", ["mod", "range"])
+def test_a_shard_of_a_table_spec_initialises_only_its_rows(sharding):
+    spec = ps.TableSpec(23, 4, tf.keras.initializers.RandomUniform(-1.0, 1.0))
+    shards = [ps.Shard(k, 3, {"t": spec}, ps.Optimizer("adagrad", 0.1), sharding)
+              for k in range(3)]
+    sizes = [int(s.tables["t"].shape[0]) for s in shards]
+    assert sizes == [len(ps.Sharding(23, 3, sharding).global_ids(k)) for k in range(3)]
+    assert sum(sizes) == 23 and all(s.tables["t"].shape[1] == 4 for s in shards)
+    for s in shards:
+        rows = s.tables["t"].numpy()
+        assert np.all(np.abs(rows) <= 1.0) and np.std(rows) > 0.1     # drawn, not zeros
+        assert np.array_equal(s.slots["t"]["accumulator"].numpy(), np.full(rows.shape, 0.1,
+                                                                           np.float32))
+    ids = shards[1].state()["tables"]["t"]["ids"]
+    assert np.array_equal(shards[1].pull("t", ids).numpy(), shards[1].tables["t"].numpy())

@@ -90,3 +90,27 @@ def test_two_of_each_role_interleaved_match_one_process_within_float32_reorderin
                     assert check["max_abs"] <= 1e-6, (r["role"], kind, name, check)
                     checked += 1
     assert checked == 2 * (4 + 6) + 2 * (4 + 4)   # per shard: tables + slots; per dense: 4 weights
+
+
+def test_tables_live_only_on_the_shards(tmp_path):
+    """A model built under ``placement.placeholder_tables()`` (tables of 800 KB
+    and 240 KB, two shards): after 20 Adagrad steps no sparse or dense
+    trainer holds as many variable bytes as the smaller table, and each shard
+    holds its half of the rows (+ the accumulator), not the whole tables.
+    Held = the sizes of every live ``tf.Variable`` in the rank's process."""
+    env = {"HOROVOD_PRIO_HETER_ROLES": "ps=2,sparse=1,dense=1"}
+    out = horovodrun([WORKER, str(tmp_path), "memory"], "gloo", np_=4, timeout=240, env=env)
+    assert out.returncode == 0, out.stdout[-6000:]
+    reports = [json.load(open(tmp_path / ("memory_rank%d.json" % r))) for r in range(4)]
+    assert [r["role"] for r in reports] == ["ps", "ps", "sparse", "dense"]
+    tables = reports[0]["table_bytes"]
+    total, smallest = sum(tables.values()), min(tables.values())
+    for r in reports:
+        if r["role"] == "ps":
+            assert r["shard_step"] == 20
+            assert r["shard_rows"] == {"emb_a": 25000, "emb_b": 10000}, r
+            # its rows and their accumulators: 2 x half the tables, a little more for the rest
+            assert total <= r["held_bytes"] < total + smallest // 4, r
+        else:
+            assert r["held_bytes"] < smallest // 4, r
+    assert reports[3]["losses_finite"]

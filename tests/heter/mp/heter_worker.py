@@ -9,6 +9,10 @@
                                     batch with an id out of range
     heter_worker.py OUT_DIR multi   Adagrad and Adam only, for several shards /
                                     trainers (OUT_DIR/multi_rank<r>.json)
+    heter_worker.py OUT_DIR memory  the model built with placeholder tables
+                                    (larger tables, 2 shards): a few steps, then
+                                    every rank reports the bytes of the
+                                    variables it holds (OUT_DIR/memory_rank<r>.json)
     heter_worker.py OUT_DIR kill    steps until the parameter-server shard exits
                                     mid-step (after the keys of step 3 arrived)
 """
@@ -30,12 +34,12 @@ STEPS, BATCH = 20, 16
 ROWS_A, ROWS_B = 40, 17
 
 
-def build_model():
+def build_model(rows_a=ROWS_A, rows_b=ROWS_B):
     a = tf.keras.Input((3,), dtype="int64", name="ids_a")
     b = tf.keras.Input((1,), dtype="int64", name="ids_b")
     x = tf.keras.Input((5,), name="x")
-    ea = tf.keras.layers.Embedding(ROWS_A, 4, name="emb_a")(a)
-    eb = tf.keras.layers.Embedding(ROWS_B, 3, name="emb_b")(b)
+    ea = tf.keras.layers.Embedding(rows_a, 4, name="emb_a")(a)
+    eb = tf.keras.layers.Embedding(rows_b, 3, name="emb_b")(b)
     h = tf.keras.layers.Concatenate(name="cat")([tf.keras.layers.Flatten(name="fa")(ea),
                                                  tf.keras.layers.Flatten(name="fb")(eb), x])
     h = tf.keras.layers.Dense(8, activation="relu", name="hidden")(h)
@@ -176,6 +180,30 @@ if MODE in ("exact", "multi"):
     report["after_bad_id"] = "ok"
     trainer.close()
     with open(os.path.join(OUT, "exact_rank%d.json" % rank), "w") as f:
+        json.dump(report, f, indent=1)
+    hvd.shutdown()
+
+elif MODE == "memory":
+    import gc
+    from horovod_prio.heter import placement
+    big_a, big_b = 50000, 20000
+    tf.keras.utils.set_random_seed(3)
+    with placement.placeholder_tables():
+        model = build_model(big_a, big_b)
+    trainer = HeterTrainer(model, tf.keras.losses.BinaryCrossentropy(from_logits=True),
+                           OPTS["adagrad"](), roles)
+    losses = [trainer.step(x, y) for x, y in batches(7)]
+    gc.collect()
+    held = sum(v.shape.num_elements() * v.dtype.size
+               for v in {id(o): o for o in gc.get_objects() if isinstance(o, tf.Variable)}.values())
+    report = {"role": trainer.role, "held_bytes": int(held),
+              "table_bytes": {"emb_a": big_a * 4 * 4, "emb_b": big_b * 3 * 4},
+              "losses_finite": bool(np.all(np.isfinite([l for l in losses if l is not None])))}
+    if trainer.role == "ps":
+        report["shard_rows"] = {n: int(v.shape[0]) for n, v in trainer.shard.tables.items()}
+        report["shard_step"] = int(trainer.shard.step.numpy())
+    trainer.close()
+    with open(os.path.join(OUT, "memory_rank%d.json" % rank), "w") as f:
         json.dump(report, f, indent=1)
     hvd.shutdown()
 

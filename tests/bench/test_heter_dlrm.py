@@ -1,0 +1,219 @@
+"""benchmarks/heter_dlrm.py: the harness logic that can be wrong without a
+measurement -- table sizes, the byte bounds from the ids drawn, the summary
+and its table, the OOM-is-a-result path, the CLI's errors. No timing."""
+import json
+import os
+import shutil
+import subprocess
+
+import numpy as np
+import pytest
+
+from benchmarks import heter_dlrm as hd
+from stack_required import needs
+
+
+# ------------------------------------------------------------------ sizes and data
+def test_table_rows_follow_criteo_and_reach_the_size():
+    rows = hd.table_rows(1.0, 16, 4)
+    assert len(rows) == 26
+    assert abs(sum(rows) * 16 * 4 - 1e9) < 1e6               # ~1 GB of float32 rows
+    assert min(rows) == 4 and rows.index(max(rows)) == hd.CRITEO_ROWS.index(max(hd.CRITEO_ROWS))
+    assert sum(hd.table_rows(0.1, 16, 4)) < sum(rows) / 5
+
+
+def test_batches_are_zipf_ids_inside_the_tables_and_the_same_every_time():
+    a = hd.parse_args(["--quick", "--batch", "64", "--pool", "2"])
+    cfg = hd.model_config(a)
+    one, two = hd.draw_batches(cfg), hd.draw_batches(cfg)
+    assert len(one) == 2
+    for (x, y), (x2, _) in zip(one, two):
+        assert set(x) == {"c%d" % i for i in range(26)} | {"dense"}
+        assert x["dense"].shape == (64, 13) and y.shape == (64, 1)
+        for i, r in enumerate(cfg["rows"]):
+            ids = x["c%d" % i]
+            assert ids.shape == (64, cfg["hot"]) and ids.min() >= 0 and ids.max() < r
+            assert np.array_equal(ids, x2["c%d" % i])
+        big = int(np.argmax(cfg["rows"]))
+        ids = x["c%d" % big]
+        assert len(np.unique(ids)) < ids.size                  # Zipf: hot ids repeat
+
+
+# ------------------------------------------------------------------ bounds
+def test_heter_bound_counts_the_unique_ids_of_the_remote_shard():
+    batch = {"c0": np.array([[0, 1], [1, 3]]), "c1": np.array([[2, 2], [5, 6]])}
+    b = hd.heter_bound(batch, rows=[10, 7], dim=4)
+    # remote shard 1 (odd ids, mod 2): c0 -> {1, 3}, c1 -> {5}; 8 lookups of 4 floats
+    assert b["unique_remote_rows"] == 3
+    assert (b["keys"], b["rows"], b["row_grads"]) == (24, 48, 48)
+    assert (b["activations"], b["activation_grads"]) == (128, 128)
+    assert b["uplink"] == 256 and b["fabric"] == 24 + 96 + 256
+    # every shard local: only the activations cross
+    assert hd.heter_bound(batch, [10, 7], 4, remote_shards=())["fabric"] == 256
+
+
+def test_heter_bound_rejects_an_id_outside_its_table():
+    with pytest.raises(ValueError, match="input 'c1': ids outside table rows 0-6"):
+        hd.heter_bound({"c0": np.array([[0]]), "c1": np.array([[7]])}, [10, 7], 4)
+
+
+def test_plain_bound_is_the_allreduce_and_the_allgather():
+    batch = {"c0": np.array([[0, 1], [1, 3]]), "c1": np.array([[2, 2], [5, 6]])}
+    b = hd.plain_bound(batch, [10, 7], dim=4, dense_params=100, ranks=3)
+    assert b["dense_allreduce"] == 2 * 2 * 400
+    assert b["sparse_allgather"] == 2 * 8 * (8 + 16)
+    assert b["fabric"] == 1600 + 384
+
+
+@pytest.mark.tf_stack
+def test_dense_param_count_matches_the_keras_model():
+    cfg = hd.model_config(hd.parse_args(["--quick", "--table-gb", "0.0001"]))
+    model = hd.build_model(cfg)
+    dense = sum(int(np.prod(v.shape)) for v in model.trainable_variables
+                if not v.name.startswith("table"))
+    assert hd.dense_param_count(cfg) == dense
+
+
+# ------------------------------------------------------------------ summary and table
+def _run(system, rate, rep, sps, status="ok", scenario="throughput"):
+    r = {"system": system, "rate": rate, "repeat": rep, "status": status,
+         "scenario": scenario, "error": None if status == "ok" else "boom"}
+    if status == "ok":
+        r.update(samples_per_s=sps, s_per_step=512 / sps, uplink_bytes_per_step=1e6,
+                 fabric_bytes_per_step=2e6,
+                 peak_rss_by_role={"replica": 3 << 30} if system == "plain" else
+                 {"ps": 2 << 30, "sparse": 1 << 30, "dense": 1 << 29})
+    return r
+
+
+def _results():
+    cfg = hd.model_config(hd.parse_args(["--quick"]))
+    runs = [_run("plain", "300mbit", 0, 100.0), _run("heter", "300mbit", 0, 300.0),
+            _run("heter", "300mbit", 1, 100.0), _run("plain", "300mbit", 1, 50.0),
+            _run("plain", "300mbit", 2, 50.0), _run("heter", "300mbit", 2, 0, status="failed"),
+            _run("plain", "1gbit", 0, 0, status="oom"), _run("heter", "1gbit", 0, 200.0),
+            dict(_run("plain", "unshaped", 0, 0, status="oom", scenario="cap"),
+                 host_peak={"b1": 1 << 30}, oom_kills={"b1": 1}),
+            dict(_run("heter", "unshaped", 0, 250.0, scenario="cap"),
+                 host_peak={"b1": 700 << 20}, oom_kills={"b1": 0})]
+    meta = {"what": "test", "command": "python -m benchmarks.heter_dlrm --x", "date": "d",
+            "git": "abc1234", "machine": "box", "ncpu": 2, "loadavg_before": 1.0,
+            "loadavg_after": 2.0, "rates": ["300mbit", "1gbit"], "repeats": 3, "config": cfg,
+            "table_bytes": 10 ** 8, "dense_params": 1000, "cap_memory": 900 << 20,
+            "cap_rate": "unshaped",
+            "bounds": {"heter": {"uplink": 3e6, "fabric": 5e6}, "plain": {"fabric": 9e6}}}
+    return {"meta": meta, "runs": runs}
+
+
+def test_summary_takes_the_median_of_per_repeat_ratios():
+    s = hd.summarize(_results())
+    r = s["300mbit"]
+    # repeat 0: 3.0, repeat 1: 2.0, repeat 2: heter failed -> not a pair (the ratio of
+    # the medians would be 200 / 50 = 4.0)
+    assert r["ratio"] == {"median": 2.5, "min": 2.0, "max": 3.0, "n": 2}
+    assert r["plain"]["samples_per_s"] == 50.0 and r["heter"]["samples_per_s"] == 200.0
+    assert (r["heter"]["runs_ok"], r["heter"]["runs"]) == (2, 3)
+    assert r["heter"]["statuses"] == ["failed", "ok"]
+    assert r["heter"]["peak_rss_by_role"] == {"ps": 2 << 30, "sparse": 1 << 30, "dense": 1 << 29}
+    g = s["1gbit"]
+    assert g["ratio"] is None and g["plain"]["samples_per_s"] is None
+    assert g["plain"]["statuses"] == ["oom"]
+
+
+def test_table_and_files(tmp_path):
+    res = _results()
+    hd.write_outputs(res, tmp_path)
+    md = (tmp_path / "results.md").read_text()
+    assert "Command: `python -m benchmarks.heter_dlrm --x`" in md
+    assert "git abc1234" in md and "1.00 before, 2.00 after" in md
+    row = [ln for ln in md.splitlines() if ln.startswith("| 300mbit")][0]
+    assert "| 50.0 | 200.0 | 2.50× (2.00–3.00) |" in row
+    assert "(9.00 MB)" in row and "(3.00 MB, 5.00 MB)" in row
+    assert "3.00 GiB" in row and "2.00 GiB / 1.00 GiB / 0.50 GiB" in row and "| 3/3, 2/3 |" in row
+    assert "| 1gbit | – | 200.0 | – |" in md
+    cap = [ln for ln in md.splitlines() if ln.startswith("| plain | oom")]
+    assert cap and "| 1.00 GiB | 1 |" in cap[0]
+    assert "| heter | ok | 250.0 |" in md
+    data = json.loads((tmp_path / "results.json").read_text())
+    assert data["summary"]["300mbit"]["ratio"]["median"] == 2.5
+    assert os.path.getsize(tmp_path / "results.json") < 100_000
+    # the results index reads what it needs from the folder
+    from benchmarks import results_index
+    info = results_index.describe(tmp_path)
+    assert info["git"] == "abc1234" and info["command"].startswith("python -m benchmarks.heter")
+
+
+def test_status_oom_is_a_result_not_a_failure():
+    assert hd.run_status(0, {"a1": 0, "b1": 0}, False) == "ok"
+    assert hd.run_status(1, {"a1": 0, "b1": 0}, False) == "failed"
+    assert hd.run_status(137, {"a1": 0, "b1": 1}, False) == "oom"
+    assert hd.run_status(None, {"b1": 2}, True) == "oom"
+    assert hd.run_status(None, {"b1": 0}, True) == "timeout"
+
+
+def test_auto_cap_is_between_the_two_systems_peaks():
+    runs = [dict(system="plain", scenario="throughput", status="ok", host_peak={"b1": 3000}),
+            dict(system="plain", scenario="throughput", status="ok", host_peak={"b1": 2800}),
+            dict(system="heter", scenario="throughput", status="ok", host_peak={"b1": 1000}),
+            dict(system="heter", scenario="throughput", status="failed", host_peak={"b1": 9999})]
+    assert hd.auto_cap(runs) == 1900
+    assert hd.auto_cap(runs[:2]) is None
+    assert hd.auto_cap([dict(r, host_peak={"b1": 500}) if r["system"] == "plain" else r
+                        for r in runs]) is None
+
+
+# ------------------------------------------------------------------ CLI errors
+@pytest.mark.parametrize("argv, needle", [
+    (["--rates", "300mbps"], "--rates"),
+    (["--rates", "1gbit,,unshaped"], "--rates: empty rate"),
+    (["--rates", "1gbit,1gbit"], "--rates: '1gbit' given twice"),
+    (["--repeats", "0"], "--repeats: expected a positive integer, got 0"),
+    (["--steps", "x"], "--steps: expected a positive integer, got 'x'"),
+    (["--table-gb", "-1"], "--table-gb: expected a positive number"),
+    (["--zipf", "1"], "--zipf: expected an exponent > 1"),
+    (["--bottom", "64,x"], "--bottom: expected comma-separated layer widths"),
+    (["--top", "0"], "--top: expected positive layer widths"),
+    (["--cap-memory", "lots"], "--cap-memory"),
+    (["--kind-cores", "huge"], "unknown kind 'huge'"),
+    (["--cap-rate", "fast"], "--cap-rate"),
+    (["--batch", "2"], "--batch: the global batch is split over 3 ranks"),
+    (["--report-only"], "--report-only needs --out"),
+])
+def test_bad_flags_name_the_flag(argv, needle, capsys):
+    with pytest.raises(SystemExit):
+        hd.parse_args(argv)
+    assert needle in capsys.readouterr().err
+
+
+def test_quick_mode_keeps_explicit_flags():
+    a = hd.parse_args(["--quick", "--steps", "9"])
+    assert a.steps == 9 and a.table_gb == hd.QUICK["table_gb"] and a.rates == ["1gbit"]
+    assert hd.parse_args([]).table_gb == 1.0
+
+
+# ------------------------------------------------------------------ the OOM path, for real
+def _testbed_usable():
+    if os.geteuid() != 0 or not all(shutil.which(t) for t in ("ip", "tc", "unshare")):
+        return False
+    try:
+        from benchmarks import cgroups
+        lay = cgroups.detect_layout()
+        return "memory" in lay.parents and \
+            subprocess.run(["ip", "netns", "list"], capture_output=True).returncode == 0
+    except Exception:
+        return False
+
+
+@needs(_testbed_usable(), "needs root, ip netns, tc, unshare and a memory cgroup")
+@pytest.mark.tf_stack
+def test_a_cap_too_small_is_recorded_as_oom(tmp_path):
+    """Plain Horovod on the testbed with b1 capped at 96 MiB (less than TF
+    itself needs): the run comes back as a record with status 'oom' and b1's
+    OOM kills counted, the harness goes on."""
+    a = hd.parse_args(["--quick", "--table-gb", "0.001", "--steps", "2", "--warmup", "1",
+                       "--run-timeout", "240"])
+    cfg = hd.model_config(a)
+    rec = hd.execute_run("plain", "1gbit", "cap", 0, a, cfg, tmp_path, 96 << 20)
+    assert rec["status"] == "oom", rec
+    assert rec["oom_kills"]["b1"] >= 1 and rec["hosts"]["b1"]["limits"]["memory"] == 96 << 20
+    assert "samples_per_s" not in rec
