@@ -39,7 +39,7 @@ scenario: ``b1``'s memory capped (``--cap-memory``; ``auto`` = halfway
 between what ``b1`` used under heter and under plain Horovod); plain Horovod
 OOMs there (recorded as status ``oom``, a result) and heter trains.
 
-Writes OUT/results.json (summaries only), OUT/results.md, OUT/throughput.png.
+Writes OUT/results.json.gz (summaries only), OUT/results.md, OUT/throughput.png.
 """
 from __future__ import annotations
 
@@ -59,6 +59,8 @@ from pathlib import Path
 import numpy as np
 
 from horovod_prio.method import units
+
+from . import results_io
 
 FIELDS, DENSE_FEATURES = 26, 13
 #: Criteo Kaggle (display advertising challenge) cardinalities of C1..C26: the
@@ -194,7 +196,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", default=None,
                    help="result folder (default results/bench/heter-dlrm-<what>-<date>)")
     p.add_argument("--report-only", action="store_true",
-                   help="re-render results.md and the plot from OUT/results.json")
+                   help="re-render results.md and the plot from OUT/results.json.gz")
     p.add_argument("--worker", choices=SYSTEMS, help=argparse.SUPPRESS)
     p.add_argument("--config", help=argparse.SUPPRESS)
     return p
@@ -581,7 +583,7 @@ def plot(results: dict, path: Path) -> bool:
 def write_outputs(results: dict, out: Path) -> None:
     results["summary"] = summarize(results)
     out.mkdir(parents=True, exist_ok=True)
-    (out / "results.json").write_text(json.dumps(results, indent=1, sort_keys=True) + "\n")
+    results_io.save(out, results, raw=False)
     (out / "results.md").write_text(render_md(results))
     plot(results, out / "throughput.png")
 
@@ -765,7 +767,7 @@ def main(argv=None) -> int:
         return worker(a.worker, json.loads(a.config), a.out)
     out = Path(a.out) if a.out else default_out(a)
     if a.report_only:
-        results = json.loads((out / "results.json").read_text())
+        results = results_io.load(out)
         write_outputs(results, out)
         print(out / "results.md")
         return 0
