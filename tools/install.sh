@@ -3,18 +3,30 @@
 # so a re-run with nothing changed takes a few seconds.
 #
 #   tools/install.sh VENV TF_VERSION
+#   tools/install.sh --horovod-patch TF_VERSION   print the patch the Horovod build of
+#                                                 that TF takes (nothing: none), exit
 set -euo pipefail
+HOROVOD_VERSION=0.28.1
+ROOT=$(cd "$(dirname "$0")/.." && pwd)
+
+# A TensorFlow whose headers Horovod's sdist does not compile against unchanged
+# gets tools/horovod-<horovod>-tf<major.minor>.patch applied before the build.
+horovod_patch() {
+  [[ "$1" =~ ^([0-9]+\.[0-9]+)\.[0-9]+$ ]] || { echo "[install] bad TF version '$1' (want X.Y.Z)" >&2; return 2; }
+  local p="$ROOT/tools/horovod-$HOROVOD_VERSION-tf${BASH_REMATCH[1]}.patch"
+  if [ -f "$p" ]; then echo "$p"; fi
+}
+if [ "${1:-}" = --horovod-patch ]; then horovod_patch "${2:-}"; exit; fi
+
 VENV=${1:-.venv}
 TF=${2:-2.15.1}
 PY=${PYTHON:-python3.11}
-HOROVOD_VERSION=0.28.1
-ROOT=$(cd "$(dirname "$0")/.." && pwd)
 CACHE=${HOROVOD_PRIO_CACHE:-$HOME/.cache/horovod_prio}
 log() { printf '[install] %s\n' "$*"; }
 
 # 1. Debian packages the horovod build and its MPI controller need.
 need=()
-for p in openmpi-bin libopenmpi-dev cmake g++ iproute2 libssl-dev; do
+for p in openmpi-bin libopenmpi-dev cmake g++ iproute2 libssl-dev patch; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'install ok installed' || need+=("$p")
 done
 if ((${#need[@]})); then
@@ -48,18 +60,30 @@ if [ ! -f "$STAMPS/deps-$key" ]; then
 fi
 
 # 4. horovod built from source against this TensorFlow (TensorFlow + Gloo + MPI).
-#    The built wheel is cached per TF/Python version so fresh venvs skip the build.
+#    The built wheel is cached per TF/Python version (and patch) so fresh venvs skip
+#    the build. A TF with a patch (horovod_patch above) builds from the patched sdist.
 pyver=$("$VPY" -c 'import sys; print("%d%d" % sys.version_info[:2])')
+patch_file=$(horovod_patch "$TF")
 if ! "$VPY" -m pip show -q horovod >/dev/null 2>&1 || [ ! -f "$STAMPS/horovod-$TF" ]; then
   wheeldir="$CACHE/horovod-$HOROVOD_VERSION-tf$TF-py$pyver"
+  [ -z "$patch_file" ] || wheeldir="$wheeldir-patch$(sha1sum < "$patch_file" | cut -c1-8)"
   if ! ls "$wheeldir"/horovod-*.whl >/dev/null 2>&1; then
     log "building horovod==$HOROVOD_VERSION from source against TF $TF (takes ~3 min)"
-    mkdir -p "$wheeldir.tmp"
+    rm -rf "$wheeldir.tmp"; mkdir -p "$wheeldir.tmp"
+    src="horovod==$HOROVOD_VERSION"
+    if [ -n "$patch_file" ]; then
+      log "patching the horovod sdist with ${patch_file#"$ROOT"/}"
+      "$VPY" -m pip download -q --no-deps --no-binary :all: --no-build-isolation \
+        -d "$wheeldir.tmp/src" "horovod==$HOROVOD_VERSION"
+      tar xzf "$wheeldir.tmp/src/horovod-$HOROVOD_VERSION.tar.gz" -C "$wheeldir.tmp/src"
+      src="$wheeldir.tmp/src/horovod-$HOROVOD_VERSION"
+      patch -d "$src" -p1 --forward --quiet < "$patch_file"
+    fi
     HOROVOD_WITH_TENSORFLOW=1 HOROVOD_WITH_GLOO=1 HOROVOD_WITH_MPI=1 \
     HOROVOD_WITHOUT_PYTORCH=1 HOROVOD_WITHOUT_MXNET=1 \
       "$VPY" -m pip wheel -q --no-build-isolation --no-cache-dir --no-deps \
-        -w "$wheeldir.tmp" "horovod==$HOROVOD_VERSION"
-    rm -rf "$wheeldir"; mv "$wheeldir.tmp" "$wheeldir"
+        -w "$wheeldir.tmp" "$src"
+    rm -rf "$wheeldir.tmp/src" "$wheeldir"; mv "$wheeldir.tmp" "$wheeldir"
   fi
   "$VPY" -m pip install -q --no-deps --force-reinstall "$wheeldir"/horovod-*.whl
   build=$(TF_CPP_MIN_LOG_LEVEL=3 PATH="$ROOT/$VENV/bin:$PATH" "$VENV/bin/horovodrun" --check-build)
