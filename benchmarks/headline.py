@@ -25,7 +25,7 @@ testbed rows whose model has a measured profile under ``results/sim/``, the
 simulator's prediction and its error (``benchmarks.sim_check.check``).
 
 Writes ``OUT/results.json.gz`` (compact: no step series; < 200 KB) and
-``OUT/results.md``; OUT defaults to ``results/headline-<UTC date>``
+``OUT/results.md``; OUT defaults to ``results/headline/<UTC date>``
 (``--quick``: ``results/headline/quick-<date>``). ``--keep-raw`` also writes
 each scenario's full runner results under ``OUT/raw/<scenario>/`` (large: do
 not commit). Needs root.
