@@ -4,7 +4,7 @@
 #   make docker-test    build each image, run `make test` in every TF x controller cell
 #   make docker-run     run the main job (`make run`) in the image of $(TF)
 # Starts dockerd (Debian docker.io) when no daemon answers. See docs/docker.md.
-DOCKER_TFS ?= 2.15.1 2.16.2 2.17.1 2.18.1 2.19.1
+DOCKER_TFS ?= 2.15.1 2.16.2 2.17.1 2.18.1 2.19.1 2.21.0
 DOCKER_CONTROLLERS ?= gloo mpi
 BASE_IMAGE ?= python:3.11-slim
 LOCAL_BASE_IMAGE ?= horovod-prio/base:bookworm

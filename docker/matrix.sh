@@ -16,7 +16,7 @@
 set -uo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$PWD
-DOCKER_TFS=${DOCKER_TFS:-2.15.1 2.16.2 2.17.1 2.18.1 2.19.1}
+DOCKER_TFS=${DOCKER_TFS:-2.15.1 2.16.2 2.17.1 2.18.1 2.19.1 2.21.0}
 DOCKER_CONTROLLERS=${DOCKER_CONTROLLERS:-gloo mpi}
 BASE_IMAGE=${BASE_IMAGE:-python:3.11-slim}
 LOCAL_BASE_IMAGE=${LOCAL_BASE_IMAGE:-horovod-prio/base:bookworm}

@@ -52,7 +52,7 @@ def _tensorflow(r):
         import tensorflow as tf
     except Exception as e:
         r.line(FAIL, "TensorFlow", "import failed: %s: %s" % (type(e).__name__, e),
-               "install a supported TensorFlow (2.15.1; or 2.16.2 to 2.19.1 with tf_keras): "
+               "install a supported TensorFlow (2.15.1; or 2.16.2 to 2.19.1, or 2.21.0, with tf_keras): "
                "`make install` or `make install TF=2.16.2`")
         return None
     r.line(OK, "TensorFlow", tf.__version__)

@@ -18,13 +18,13 @@ def patch_for(tf):
                           text=True, timeout=30)
 
 
-@pytest.mark.parametrize("tf", ["2.19.0", "2.19.1"])
-def test_tf_2_19_takes_the_xla_patch(tf):
+@pytest.mark.parametrize("tf", ["2.19.0", "2.19.1", "2.20.0", "2.21.0", "2.30.1"])
+def test_tf_2_19_and_later_take_the_xla_patch(tf):
     r = patch_for(tf)
     assert r.returncode == 0 and r.stdout.strip() == str(PATCH_219), r
 
 
-@pytest.mark.parametrize("tf", ["2.15.1", "2.16.2", "2.17.1", "2.18.1", "2.1.9", "12.19.1"])
+@pytest.mark.parametrize("tf", ["2.15.1", "2.16.2", "2.17.1", "2.18.1", "2.1.9", "1.19.1"])
 def test_the_other_stacks_build_unpatched(tf):
     r = patch_for(tf)
     assert r.returncode == 0 and r.stdout == "", r

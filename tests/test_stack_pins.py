@@ -43,7 +43,7 @@ def problems(tf, text):
 
 
 def test_the_supported_stacks_are_pinned():
-    assert {"2.15.1", "2.16.2", "2.17.1", "2.18.1", "2.19.1"} <= set(STACKS), STACKS
+    assert {"2.15.1", "2.16.2", "2.17.1", "2.18.1", "2.19.1", "2.21.0"} <= set(STACKS), STACKS
 
 
 @pytest.mark.parametrize("tf", STACKS)

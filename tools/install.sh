@@ -10,11 +10,18 @@ HOROVOD_VERSION=0.28.1
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 
 # A TensorFlow whose headers Horovod's sdist does not compile against unchanged
-# gets tools/horovod-<horovod>-tf<major.minor>.patch applied before the build.
+# gets tools/horovod-<horovod>-tf<major.minor>.patch applied before the build: the
+# patch of the newest such major.minor not above its own (a patch holds from its
+# TensorFlow on, e.g. tf2.19 for 2.19, 2.20 and 2.21).
 horovod_patch() {
-  [[ "$1" =~ ^([0-9]+\.[0-9]+)\.[0-9]+$ ]] || { echo "[install] bad TF version '$1' (want X.Y.Z)" >&2; return 2; }
-  local p="$ROOT/tools/horovod-$HOROVOD_VERSION-tf${BASH_REMATCH[1]}.patch"
-  if [ -f "$p" ]; then echo "$p"; fi
+  [[ "$1" =~ ^([0-9]+)\.([0-9]+)\.[0-9]+$ ]] || { echo "[install] bad TF version '$1' (want X.Y.Z)" >&2; return 2; }
+  local want=$((BASH_REMATCH[1] * 1000 + BASH_REMATCH[2])) best="" best_v=-1 p v
+  for p in "$ROOT"/tools/horovod-"$HOROVOD_VERSION"-tf*.patch; do
+    [[ "$p" =~ -tf([0-9]+)\.([0-9]+)\.patch$ ]] || continue
+    v=$((BASH_REMATCH[1] * 1000 + BASH_REMATCH[2]))
+    if [ "$v" -le "$want" ] && [ "$v" -gt "$best_v" ]; then best=$p; best_v=$v; fi
+  done
+  if [ -n "$best" ]; then echo "$best"; fi
 }
 if [ "${1:-}" = --horovod-patch ]; then horovod_patch "${2:-}"; exit; fi
 

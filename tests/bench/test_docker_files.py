@@ -19,7 +19,7 @@ ROOT = Path(__file__).resolve().parents[2]
 DOCKERFILE = ROOT / "docker" / "Dockerfile"
 DOCKER_MK = ROOT / "docker" / "docker.mk"
 CI = ROOT / ".github" / "workflows" / "ci.yml"
-MATRIX_TFS = {"2.15.1", "2.16.2", "2.17.1", "2.18.1", "2.19.1"}
+MATRIX_TFS = {"2.15.1", "2.16.2", "2.17.1", "2.18.1", "2.19.1", "2.21.0"}
 CONTROLLERS = {"gloo", "mpi"}
 
 
