@@ -257,16 +257,6 @@ def draw_batches(cfg: dict) -> list[tuple[dict, np.ndarray]]:
     return out
 
 
-def split(n: int, parts: int) -> list[tuple[int, int]]:
-    base, extra = divmod(n, parts)
-    out, start = [], 0
-    for i in range(parts):
-        end = start + base + (1 if i < extra else 0)
-        out.append((start, end))
-        start = end
-    return out
-
-
 # ---------------------------------------------------------------- bounds (pure)
 def heter_bound(batch: dict, rows: list[int], dim: int, shards: int = 2,
                 remote_shards: tuple[int, ...] = (1,)) -> dict:
@@ -380,7 +370,8 @@ def worker(system: str, cfg: dict, out_dir: str) -> int:
         tf.keras.utils.set_random_seed(cfg["seed"])      # identical tables on every rank
         model = build_model(cfg)
         opt = tf.keras.optimizers.Adagrad(0.05)
-        lo, hi = split(cfg["batch"], hvd.size())[hvd.rank()]
+        from horovod_prio.heter.trainer import split_batch     # the heter trainers' slicing
+        lo, hi = split_batch(cfg["batch"], hvd.size())[hvd.rank()]
         rec["role"] = "replica"
         rec["rss_after_init"] = _vm_hwm()
 

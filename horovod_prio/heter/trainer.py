@@ -35,7 +35,7 @@ from horovod_prio.heter import placement as placement_mod
 from horovod_prio.heter import ps as ps_mod
 
 
-def _split(n, parts):
+def split_batch(n, parts):
     """[start, end) of each of ``parts`` contiguous slices of n samples."""
     base, extra = divmod(n, parts)
     bounds, start = [], 0
@@ -194,8 +194,8 @@ class HeterTrainer:
         dense trainers, None elsewhere."""
         self.check_batch(inputs, labels)
         n = len(labels)
-        self._bounds = {"sparse": _split(n, len(self.sparse_ranks)),
-                        "dense": _split(n, len(self.dense_ranks))}
+        self._bounds = {"sparse": split_batch(n, len(self.sparse_ranks)),
+                        "dense": split_batch(n, len(self.dense_ranks))}
         self.steps += 1
         return getattr(self, "_step_" + self.role)(inputs, labels)
 
