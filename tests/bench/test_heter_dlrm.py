@@ -199,7 +199,7 @@ def _testbed_usable():
         from benchmarks import cgroups
         lay = cgroups.detect_layout()
         return "memory" in lay.parents and \
-            subprocess.run(["ip", "netns", "list"], capture_output=True).returncode == 0
+            subprocess.run(["ip", "netns", "list"], capture_output=True, timeout=30).returncode == 0
     except Exception:
         return False
 

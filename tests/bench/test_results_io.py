@@ -137,5 +137,6 @@ def test_the_tree_is_stored_compactly():
 
 def test_git_ignores_the_raw_record():
     root = results_io.Path(report.__file__).resolve().parent.parent
-    p = subprocess.run(["git", "check-ignore", "-q", "results/bench/x/results.raw.json.gz"], cwd=root)
+    p = subprocess.run(["git", "check-ignore", "-q", "results/bench/x/results.raw.json.gz"], cwd=root,
+                       timeout=30)
     assert p.returncode == 0
