@@ -12,7 +12,13 @@ traced graph (nested functions included) decide its kind:
 * else any op in :data:`DENSE_OP_TYPES` (matmul, convolution, einsum) ->
   ``"dense"``: compute-bound; runs on dense trainers;
 * else (elementwise, reshapes, concatenation: no typed op) -> ``"dense"``
-  with the reason ``"no typed op"``; such layers follow the dense math.
+  with the reason ``"no typed op"``; such layers follow the dense math --
+  except a weightless one that reads only sparse-kind outputs and makes them
+  smaller (mean-pooling a multi-hot field): it joins the sparse kind, so the
+  sparse trainers send the smaller tensor.
+
+A gather of integers (entries of a shape vector, as in ``Tensordot`` or a
+mean's gradient) does not count as a sparse op.
 
 A per-layer override (``{"layer_name": "sparse" | "dense"}``) wins over the
 op types. The table of op types is stated here once (docs/heter.md repeats it).
@@ -94,10 +100,20 @@ def layer_op_types(layer):
 
     concrete = tf.function(fwd_bwd).get_concrete_function(*tf.nest.flatten(specs))
     gd = concrete.graph.as_graph_def()
-    ops = {n.op for n in gd.node}
+    nodes = list(gd.node)
     for f in gd.library.function:
-        ops.update(n.op for n in f.node_def)
-    return ops
+        nodes.extend(f.node_def)
+    return {n.op for n in nodes if not _gathers_a_shape(n)}
+
+
+#: gathers whose params are integers pick entries of a shape or index vector
+#: (Tensordot, a mean's gradient), not rows of a table: not a sparse op
+_INT_TYPES = frozenset({3, 9})          # DT_INT32, DT_INT64
+
+
+def _gathers_a_shape(node):
+    return node.op in ("Gather", "GatherV2", "GatherNd") and \
+        node.attr["Tparams"].type in _INT_TYPES
 
 
 def _nbytes(variables):
@@ -255,6 +271,30 @@ class Plan:
     __str__ = format
 
 
+def _reductions_to_sparse(model, placed, overrides):
+    """A weightless layer with no typed op that reads only sparse-kind outputs
+    and makes them smaller (the pooling of a multi-hot field) joins the
+    sparse kind: run where the rows are, it shrinks what crosses to the dense
+    trainers. Layers come in the model's (topological) order, so a chain of
+    such reductions moves as a whole."""
+    kinds = {p.name: p.kind for p in placed}
+    out = []
+    for p in placed:
+        layer = model.get_layer(p.name)
+        if p.kind == "dense" and p.reason == "no typed op" and p.name not in overrides \
+                and not layer.weights and len(layer.inbound_nodes) == 1:
+            sources = _tf().nest.flatten(layer.inbound_nodes[0].inbound_layers)
+            in_bytes = [_out_bytes_per_sample(s) for s in sources]
+            if sources and all(kinds.get(s.name) == "sparse" for s in sources) \
+                    and None not in in_bytes and p.out_bytes_per_sample is not None \
+                    and p.out_bytes_per_sample < sum(in_bytes):
+                p = p._replace(kind="sparse", reason="reduces sparse-kind outputs (%d -> %d "
+                               "bytes per sample)" % (sum(in_bytes), p.out_bytes_per_sample))
+        kinds[p.name] = p.kind
+        out.append(p)
+    return out
+
+
 def place(model, overrides=None, require_sparse=True):
     """Classify every layer of a built Keras ``model`` (see the module doc).
 
@@ -290,6 +330,7 @@ def place(model, overrides=None, require_sparse=True):
         placed.append(LayerPlacement(layer.name, type(layer).__name__, kind, reason,
                                      _param_bytes(layer), _out_bytes_per_sample(layer),
                                      tuple(sparse), tuple(dense)))
+    placed = _reductions_to_sparse(model, placed, overrides)
     plan = Plan(model, placed)
     if require_sparse and not plan.names("sparse"):
         raise ValueError("model %r has no layer with a sparse op (%s ...): nothing for sparse "

@@ -206,7 +206,7 @@ class Shard:
             self.slots[name] = {s: tf.Variable(optimizer.initial_slot(s, tuple(own.shape), dtype),
                                                name="heter_%s_%s_shard%d" % (name, s, index))
                                 for s in optimizer.slot_names}
-        self._apply = {}
+        self._apply = self._gather = None
 
     def check_ids(self, table, ids):
         """ValueError naming the table for ids this shard does not own."""
@@ -223,34 +223,57 @@ class Shard:
         import tensorflow as tf
         return tf.gather(self.tables[table], self.check_ids(table, ids))
 
+    def pull_all(self, ids):
+        """Rows of every table at once: ``ids``, one array of table ids per
+        table in the shard's table order -> one (len, dim) tensor each (a
+        single graph call, whatever the number of tables)."""
+        import tensorflow as tf
+        names = list(self.tables)
+        if len(ids) != len(names):
+            raise ValueError("pull_all: ids for %d tables, the shard holds %d"
+                             % (len(ids), len(names)))
+        local = [tf.constant(self.check_ids(n, i), tf.int64) for n, i in zip(names, ids)]
+        if self._gather is None:
+            variables = [self.tables[n] for n in names]
+
+            @tf.function(input_signature=[[tf.TensorSpec([None], tf.int64) for _ in names]])
+            def gather(local):
+                return [tf.gather(v, i) for v, i in zip(variables, local)]
+            self._gather = gather
+        return self._gather(local)
+
     def push(self, grads):
         """Apply one step: ``grads`` = {table: (ids, row gradients)} (ids may
         repeat; their gradients are summed as Keras does). Tables not in
         ``grads`` still take the step (Adam decays their moments as Keras
-        does for a variable whose IndexedSlices gradient is empty)."""
+        does for a variable whose IndexedSlices gradient is empty). Every
+        table is updated in one graph call."""
         import tensorflow as tf
-        for name in self.tables:
-            dim = int(self.tables[name].shape[1])
+        args = []
+        for name, var in self.tables.items():
+            dim = int(var.shape[1])
             ids, values = grads.get(name, (np.zeros([0], np.int64), np.zeros([0, dim], np.float32)))
             local = self.check_ids(name, ids)
-            values = tf.convert_to_tensor(values, self.tables[name].dtype)
-            self._apply_fn(name)(tf.constant(local, tf.int64), values)
+            args.append([tf.constant(local, tf.int64), tf.convert_to_tensor(values, var.dtype)])
+        self._apply_fn()(args)
         self.step.assign_add(1)
 
-    def _apply_fn(self, name):
+    def _apply_fn(self):
         import tensorflow as tf
-        if name not in self._apply:
-            var, slots = self.tables[name], self.slots[name]
+        if self._apply is None:
+            names = list(self.tables)
+            spec = [[tf.TensorSpec([None], tf.int64),
+                     tf.TensorSpec([None, int(self.tables[n].shape[1])], self.tables[n].dtype)]
+                    for n in names]
 
-            dim = int(var.shape[1])
-
-            @tf.function(input_signature=[tf.TensorSpec([None], tf.int64),
-                                          tf.TensorSpec([None, dim], var.dtype)])
-            def apply(local, values):
-                unique, summed = dedupe(local, values)
-                self.optimizer.apply_sparse(var, slots, unique, summed, self.step)
-            self._apply[name] = apply
-        return self._apply[name]
+            @tf.function(input_signature=[spec])
+            def apply(args):
+                for name, (local, values) in zip(names, args):
+                    unique, summed = dedupe(local, values)
+                    self.optimizer.apply_sparse(self.tables[name], self.slots[name], unique,
+                                                summed, self.step)
+            self._apply = apply
+        return self._apply
 
     def state(self):
         """name -> numpy arrays: ``{table: {"ids", "rows", <slot>...}}`` and the step."""

@@ -5,19 +5,22 @@ does its role's part (docs/heter.md has the picture):
 
 1. every rank checks the batch's ids against the tables (a bad id raises the
    same ValueError everywhere before any collective: no rank is left waiting);
-2. sparse trainers take their contiguous slice of the batch, dedupe each
-   table's ids (``tf.unique``), and send the keys (table offset + id) to the
-   shards that own them -- ``alltoall`` on ``sparse_ps``;
+2. sparse trainers take their contiguous slice of the batch, dedupe the ids
+   of all tables of one row width at once (``tf.unique`` over the keys
+   table offset + id), and send the keys to the shards that own them --
+   ``alltoall`` on ``sparse_ps``;
 3. shards answer with those rows -- ``alltoall`` on ``sparse_ps``;
-4. sparse trainers gather the rows back into the batch's activations and
-   send each dense trainer the samples of its slice -- ``alltoall`` on
-   ``sparse_dense``;
-5. dense trainers run the dense part (every layer not of the sparse kind)
-   forward and backward, and send the activations' gradients back --
+4. sparse trainers gather the rows back into the embeddings' outputs, run
+   the *sparse side* (the sparse-kind layers after the tables, e.g. the
+   pooling of multi-hot fields) and send each dense trainer the samples of
+   its slice -- ``alltoall`` on ``sparse_dense``;
+5. dense trainers run the dense part (every dense-kind layer) forward and
+   backward, and send the gradients of what they received back --
    ``alltoall`` on ``sparse_dense``;
-6. sparse trainers sum each unique id's gradient (``unsorted_segment_sum``,
-   as Keras's IndexedSlices path does) and push the sums to the shards --
-   ``alltoall`` on ``sparse_ps``; each shard applies its optimizer
+6. sparse trainers backpropagate through the sparse side, sum each unique
+   id's gradient (``unsorted_segment_sum``, as Keras's IndexedSlices path
+   does) and push the sums to the shards -- ``alltoall`` on ``sparse_ps``;
+   each shard applies its optimizer to all its tables in one call
    (:mod:`horovod_prio.heter.ps`);
 7. dense trainers allreduce the dense gradients on ``dense`` and each applies
    the same Keras optimizer to its copy of the dense weights.
@@ -50,6 +53,65 @@ def _overlap(a, b):
     return max(0, min(a[1], b[1]) - max(a[0], b[0]))
 
 
+def _per_sample(shape):
+    return int(np.prod([int(d) for d in shape] or [1]))
+
+
+class KeyLayout:
+    """Where each unique key of a sparse trainer's slice goes and comes back
+    from: keys of every group (tables of one row width) sorted by owning
+    shard, then by group, each group's keys in order of first occurrence --
+    so a shard meets each table's ids in the order Keras's ``tf.unique``
+    lists them (the row order its optimizer kernels see).
+
+    ``keys``: the sorted keys; ``splits``: keys per shard; ``group``/``inner``:
+    each sorted key's group and its index among that group's unique keys;
+    ``starts``: offset of each key's row in the flat buffer of rows (the rows
+    of a shard's keys follow each other, each row ``dim`` floats)."""
+
+    def __init__(self, uniques, dims, owners, num_shards):
+        keys = np.concatenate(uniques) if uniques else np.zeros([0], np.int64)
+        group = np.concatenate([np.full(len(u), g, np.int64) for g, u in enumerate(uniques)])
+        inner = np.concatenate([np.arange(len(u), dtype=np.int64) for u in uniques])
+        owner = np.concatenate(owners)
+        order = np.lexsort((inner, group, owner))
+        self.keys, self.group, self.inner = keys[order], group[order], inner[order]
+        self.owner = owner[order]
+        self.dims = np.asarray(dims, np.int64)[self.group]
+        self.starts = np.concatenate([[0], np.cumsum(self.dims)]).astype(np.int64)
+        self.splits = np.bincount(self.owner, minlength=num_shards)
+        self.row_splits = np.bincount(self.owner, weights=self.dims,
+                                      minlength=num_shards).astype(np.int64)
+        self.uniform = len(set(dims)) == 1
+        self._mask = [self.group == g for g in range(len(uniques))]
+
+    def unpack(self, flat, sizes, dims):
+        """Flat rows in key order -> one (unique keys, dim) array per group."""
+        out = [np.empty((n, d), np.float32) for n, d in zip(sizes, dims)]
+        if self.uniform:
+            rows = flat.reshape(-1, dims[0]) if len(flat) else np.zeros([0, dims[0]], np.float32)
+            for g, o in enumerate(out):
+                o[self.inner[self._mask[g]]] = rows[self._mask[g]]
+        else:
+            for g, (o, d) in enumerate(zip(out, dims)):
+                m = self._mask[g]
+                o[self.inner[m]] = flat[self.starts[:-1][m][:, None] + np.arange(d)]
+        return out
+
+    def pack(self, per_group, dims):
+        """One (unique keys, dim) array per group -> flat rows in key order."""
+        if self.uniform:
+            flat = np.empty((len(self.keys), dims[0]), np.float32)
+            for g, v in enumerate(per_group):
+                flat[self._mask[g]] = v[self.inner[self._mask[g]]]
+            return flat.reshape(-1)
+        flat = np.empty(int(self.starts[-1]), np.float32)
+        for g, (v, d) in enumerate(zip(per_group, dims)):
+            m = self._mask[g]
+            flat[self.starts[:-1][m][:, None] + np.arange(d)] = v[self.inner[m]]
+        return flat
+
+
 class HeterTrainer:
     """Train a functional Keras ``model`` with the roles of ``roles``.
 
@@ -75,6 +137,7 @@ class HeterTrainer:
         self.role = roles.role(self.rank)
         self.plan = plan or placement_mod.place(model)
         self._tables(sharding)
+        self._cut()
         self._sets = {n: roles.process_set(n) for n in ("sparse_ps", "sparse_dense", "dense")}
         self._ranks = roles.set_ranks()
         self.ps_ranks, self.sparse_ranks = roles.ranks["ps"], roles.ranks["sparse"]
@@ -85,6 +148,8 @@ class HeterTrainer:
                 self.ps_ranks.index(self.rank), len(self.ps_ranks),
                 {t["name"]: self._initial(t) for t in self.tables},
                 ps_mod.Optimizer.from_keras(optimizer), sharding)
+        if self.role == "sparse":
+            self._build_sparse()
         if self.role == "dense":
             self._build_dense()
 
@@ -97,11 +162,12 @@ class HeterTrainer:
         id_inputs = set()
         for name in self.plan.names("sparse"):
             layer = self.model.get_layer(name)
-            if not isinstance(layer, tf.keras.layers.Embedding) or layer.sparse \
-                    or layer._use_one_hot_matmul:
-                raise ValueError("sparse-kind layer %r is a %s; the heterogeneous trainer runs "
-                                 "dense tf.keras.layers.Embedding lookups on sparse trainers"
-                                 % (name, type(layer).__name__))
+            if not isinstance(layer, tf.keras.layers.Embedding):
+                continue                                 # a sparse-side layer (_cut checks it)
+            if layer.sparse or layer._use_one_hot_matmul:
+                raise ValueError("sparse-kind layer %r is an Embedding with sparse=%r, "
+                                 "use_one_hot_matmul=%r; the heterogeneous trainer runs dense "
+                                 "row lookups" % (name, layer.sparse, layer._use_one_hot_matmul))
             if len(layer.inbound_nodes) != 1 or id(layer.input) not in model_inputs:
                 raise ValueError("embedding layer %r must be called once, directly on a model "
                                  "input of ids" % name)
@@ -111,17 +177,69 @@ class HeterTrainer:
             if len(self.roles.ranks["ps"]) > rows:
                 raise ValueError("HOROVOD_PRIO_HETER_ROLES: %d parameter-server shards but table "
                                  "%r has only %d rows" % (len(self.roles.ranks["ps"]), name, rows))
-            per_sample = int(np.prod([d for d in layer.input.shape[1:]] or [1]))
+            shape = tuple(int(d) for d in layer.input.shape[1:])
             self.tables.append(dict(name=name, layer=layer, input=input_name, rows=rows, dim=dim,
-                                    offset=offset, per_sample=per_sample,
-                                    shape=tuple(layer.input.shape[1:]),
+                                    offset=offset, per_sample=_per_sample(shape), shape=shape,
                                     sharding=ps_mod.Sharding(rows, len(self.roles.ranks["ps"]),
                                                              sharding)))
             offset += rows
+        if not self.tables:
+            raise ValueError("model %r: no sparse-kind tf.keras.layers.Embedding; the "
+                             "parameter-server shards hold embedding tables only" % self.model.name)
         self.offsets = np.array([t["offset"] for t in self.tables] + [offset], np.int64)
         self.dense_input_names = [t.name for t in self.model.inputs if id(t) not in id_inputs]
         self._dense_inputs = [t for t in self.model.inputs if id(t) not in id_inputs]
-        self.features = sum(t["per_sample"] * t["dim"] for t in self.tables)
+        # tables of one row width are looked up, deduplicated and summed together
+        dims = sorted({t["dim"] for t in self.tables})
+        self.groups = [[i for i, t in enumerate(self.tables) if t["dim"] == d] for d in dims]
+        self.group_dims = dims
+        self.group_cols = [sum(self.tables[i]["per_sample"] for i in g) for g in self.groups]
+
+    def _cut(self):
+        """The tensors sent to the dense trainers: outputs of sparse-kind
+        layers that a dense-kind layer or the model's output reads. Sparse-kind
+        layers other than the tables (the *sparse side*: pooling and the like)
+        run on the sparse trainers; they must read only sparse-kind outputs
+        and hold no trainable weights."""
+        tf = self.tf
+        table_names = {t["name"] for t in self.tables}
+        sparse = set(self.plan.names("sparse"))
+        self.side_layers = []
+        for name in self.plan.names("sparse"):
+            if name in table_names:
+                continue
+            layer = self.model.get_layer(name)
+            if layer.trainable_weights:
+                raise ValueError("sparse-kind layer %r (a %s) has trainable weights; sparse "
+                                 "trainers train only embedding tables (place it 'dense')"
+                                 % (name, type(layer).__name__))
+            if len(layer.inbound_nodes) != 1:
+                raise ValueError("sparse-kind layer %r (a %s) is called %d times; a sparse-side "
+                                 "layer must be called once" % (name, type(layer).__name__,
+                                                                len(layer.inbound_nodes)))
+            for src in tf.nest.flatten(layer.inbound_nodes[0].inbound_layers):
+                if src.name not in sparse:
+                    raise ValueError("sparse-kind layer %r (a %s) reads %r, which is not of the "
+                                     "sparse kind; sparse trainers run only layers that read the "
+                                     "embeddings (place %r 'dense')"
+                                     % (name, type(layer).__name__, src.name, name))
+            self.side_layers.append(name)
+        self.cut = []
+        for p in self.plan.boundary():
+            out = self.model.get_layer(p.name).output
+            if len(tf.nest.flatten(out)) != 1:
+                raise ValueError("sparse-kind layer %r has %d outputs; the cut to the dense part "
+                                 "takes one tensor per layer" % (p.name, len(tf.nest.flatten(out))))
+            shape = tuple(out.shape[1:])
+            if any(d is None for d in shape):
+                raise ValueError("sparse-kind layer %r: output shape %s is not fixed per sample"
+                                 % (p.name, out.shape))
+            self.cut.append(dict(name=p.name, tensor=out, shape=tuple(int(d) for d in shape),
+                                 width=_per_sample(shape)))
+        if not self.cut:
+            raise ValueError("model %r: no dense-kind layer reads a sparse-kind output" %
+                             self.model.name)
+        self.features = sum(c["width"] for c in self.cut)
 
     @staticmethod
     def _initial(t):
@@ -133,14 +251,122 @@ class HeterTrainer:
             return ps_mod.TableSpec(t["rows"], t["dim"], layer.embeddings_initializer)
         return layer.embeddings.numpy()
 
+    def _build_sparse(self):
+        tf = self.tf
+        by_table = {t["name"]: i for i, t in enumerate(self.tables)}
+        # each cut tensor: a table's output as looked up, or an output of the sparse side
+        self._cut_source = [("table", by_table[c["name"]]) if c["name"] in by_table else
+                            ("side", None) for c in self.cut]
+        side_out = [c["tensor"] for c in self.cut if c["name"] not in by_table]
+        self._side_inputs = sorted({by_table[t.name] for c in self.cut if c["name"] not in by_table
+                                    for t in self._tables_under(c["name"], by_table)})
+        self.side_model = tf.keras.Model([self.tables[i]["layer"].output
+                                          for i in self._side_inputs], side_out) \
+            if side_out else None
+        self._sparse_fns = {}
+
+    def _sparse_functions(self, n):
+        """The sparse side's forward and backward graphs for slices of ``n``
+        samples. The sample count is static in them, as in the graph Keras
+        builds for a fixed batch: a gradient such as the mean's then divides
+        by a constant, which grappler rewrites the same way in both (with the
+        count unknown the quotient may differ from Keras's in the last bit)."""
+        tf = self.tf
+        if n not in self._sparse_fns:
+            rows_spec = [tf.TensorSpec([None, d], tf.float32) for d in self.group_dims]
+            pos_spec = [tf.TensorSpec([n * c], tf.int32) for c in self.group_cols]
+            emb_spec = [tf.TensorSpec((n,) + t["shape"] + (t["dim"],), tf.float32)
+                        for t in self.tables]
+            self._sparse_fns[n] = (
+                tf.function(self._forward_sparse_side, input_signature=[rows_spec, pos_spec]),
+                tf.function(self._backward_sparse_side, input_signature=[
+                    emb_spec, pos_spec, [tf.TensorSpec([], tf.int32) for _ in self.groups],
+                    tf.TensorSpec([n, self.features], tf.float32)]))
+        return self._sparse_fns[n]
+
+    def _embeddings(self, rows, pos):
+        """Each table's embedding output (= ``embedding_lookup(table, ids)``)
+        from its group's unique rows and the ids' positions among them."""
+        tf = self.tf
+        embs = [None] * len(self.tables)
+        for g, members in enumerate(self.groups):
+            looked = tf.gather(rows[g], pos[g])                     # (n * cols, dim)
+            block = tf.reshape(looked, [pos[g].shape[0] // self.group_cols[g], self.group_cols[g],
+                                        self.group_dims[g]])
+            parts = tf.split(block, [self.tables[i]["per_sample"] for i in members], axis=1) \
+                if len(members) > 1 else [block]
+            for i, part in zip(members, parts):
+                t = self.tables[i]
+                embs[i] = tf.reshape(part, (block.shape[0],) + t["shape"] + (t["dim"],))
+        return embs
+
+    def _tables_under(self, name, by_table):
+        """The table layers a sparse-side layer reads, directly or not."""
+        layer = self.model.get_layer(name)
+        if name in by_table:
+            return [layer]
+        out = []
+        for src in self.tf.nest.flatten(layer.inbound_nodes[0].inbound_layers):
+            out += self._tables_under(src.name, by_table)
+        return out
+
+    def _side(self, embs):
+        tf = self.tf
+        side = []
+        if self.side_model is not None:
+            side = tf.nest.flatten(self.side_model([embs[i] for i in self._side_inputs],
+                                                   training=True))
+        outs, j = [], 0
+        for kind, i in self._cut_source:
+            if kind == "table":
+                outs.append(embs[i])
+            else:
+                outs.append(side[j])
+                j += 1
+        flat = [tf.reshape(o, [tf.shape(o)[0], -1]) for o in outs]
+        return tf.concat(flat, axis=1) if len(flat) > 1 else flat[0]
+
+    def _forward_sparse_side(self, rows, pos):
+        embs = self._embeddings(rows, pos)
+        return self._side(embs), embs
+
+    def _backward_sparse_side(self, embs, pos, uniques, dact):
+        """Row gradients: each group's unique ids' summed gradients."""
+        tf = self.tf
+        if self.side_model is None:
+            grads = [None] * len(self.tables)
+            col = 0
+            for c, (_, i) in zip(self.cut, self._cut_source):
+                grads[i] = dact[:, col:col + c["width"]]
+                col += c["width"]
+        else:
+            with tf.GradientTape() as tape:
+                tape.watch(embs)
+                acts = self._side(embs)
+            grads = tape.gradient(acts, embs, output_gradients=dact,
+                                  unconnected_gradients=tf.UnconnectedGradients.ZERO)
+        sums = []
+        for g, members in enumerate(self.groups):
+            d = self.group_dims[g]
+            per = []
+            for i in members:
+                t = self.tables[i]
+                gi = grads[i] if grads[i] is not None else tf.zeros_like(embs[i])
+                per.append(tf.reshape(gi, [-1, t["per_sample"], d]))
+            values = tf.reshape(tf.concat(per, axis=1) if len(per) > 1 else per[0], [-1, d])
+            # as Keras's IndexedSlices de-duplication: summed in order of occurrence
+            sums.append(tf.math.unsorted_segment_sum(values, pos[g], uniques[g]))
+        return sums
+
     def _build_dense(self):
         tf = self.tf
-        acts = [t["layer"].output for t in self.tables]
+        acts = [c["tensor"] for c in self.cut]
         try:
             self.dense_model = tf.keras.Model(self._dense_inputs + acts, self.model.outputs)
         except ValueError as e:
-            raise ValueError("the dense part of model %r cannot be cut at its embedding outputs "
-                             "(does a dense layer read an id input?): %s" % (self.model.name, e))
+            raise ValueError("the dense part of model %r cannot be cut at the sparse-kind "
+                             "outputs (does a dense layer read an id input?): %s"
+                             % (self.model.name, e))
         self.dense_vars = self.dense_model.trainable_variables
         if len(self.dense_ranks) > 1:
             self.hvd.broadcast_variables(self.dense_vars, root_rank=self.dense_ranks[0],
@@ -205,69 +431,62 @@ class HeterTrainer:
                                           process_set=self._sets[set_name])
         return out, received.numpy()
 
+    def _set_splits(self, set_name, ranks, counts):
+        """Per-rank counts (``ranks[i]`` gets ``counts[i]``) in the set's rank order."""
+        members = self._ranks[set_name]
+        out = [0] * len(members)
+        for r, c in zip(ranks, counts):
+            out[members.index(r)] = int(c)
+        return out
+
     # sparse trainer ------------------------------------------------------------
+
+    def _owners(self, uniq, members):
+        """Owning shard of each key of one group (keys = table offset + id)."""
+        table = np.searchsorted(self.offsets, uniq, side="right") - 1
+        local = uniq - self.offsets[table]
+        shards = len(self.ps_ranks)
+        if self.tables[members[0]]["sharding"].mode == "mod":
+            return local % shards
+        blocks = np.array([t["sharding"].block for t in self.tables], np.int64)
+        return local // blocks[table]
 
     def _step_sparse(self, inputs, labels):
         tf = self.tf
         si = self.sparse_ranks.index(self.rank)
         lo, hi = self._bounds["sparse"][si]
+        uniques, positions, owners = [], [], []
+        for members in self.groups:
+            keys = np.concatenate(
+                [np.asarray(inputs[self.tables[i]["input"]][lo:hi], np.int64).reshape(hi - lo, -1)
+                 + self.tables[i]["offset"] for i in members], axis=1)
+            uniq, pos = tf.unique(tf.constant(keys.reshape(-1)))
+            uniq = uniq.numpy()
+            uniques.append(uniq)
+            positions.append(pos)
+            owners.append(self._owners(uniq, members))
+        layout = KeyLayout(uniques, self.group_dims, owners, len(self.ps_ranks))
+        self._alltoall(tf.constant(layout.keys, tf.int64),
+                       self._set_splits("sparse_ps", self.ps_ranks, layout.splits),
+                       "sparse_ps", "keys")
         sp = self._ranks["sparse_ps"]
-        per_table, key_chunks = [], [[] for _ in self.ps_ranks]
-        for t in self.tables:
-            ids = tf.constant(np.asarray(inputs[t["input"]][lo:hi], np.int64))
-            uniq, pos = tf.unique(tf.reshape(ids, [-1]))
-            uniq_np = uniq.numpy()
-            owner = t["sharding"].owner(uniq_np)
-            where = [np.nonzero(owner == k)[0] for k in range(len(self.ps_ranks))]
-            for k, w in enumerate(where):
-                key_chunks[k].append(uniq_np[w] + t["offset"])
-            per_table.append(dict(uniq=uniq_np, pos=pos, where=where))
-        keys = [np.concatenate(c) if c else np.zeros([0], np.int64) for c in key_chunks]
-        splits = [0] * len(sp)
-        for k, r in enumerate(self.ps_ranks):
-            splits[sp.index(r)] = len(keys[k])
-        self._alltoall(tf.constant(np.concatenate(keys), tf.int64), splits, "sparse_ps", "keys")
-        # rows come back in sparse_ps rank order = shard order (ps ranks ascending)
-        row_splits = [0] * len(sp)
-        for k, r in enumerate(self.ps_ranks):
-            row_splits[sp.index(r)] = sum(len(pt["where"][k]) * t["dim"]
-                                          for pt, t in zip(per_table, self.tables))
         flat, _ = self._alltoall(tf.zeros([0], tf.float32), [0] * len(sp), "sparse_ps", "rows")
-        flat = flat.numpy()
-        acts, start = [], 0
-        rows_by_table = [np.empty((len(pt["uniq"]), t["dim"]), np.float32)
-                         for pt, t in zip(per_table, self.tables)]
-        for k in range(len(self.ps_ranks)):
-            for pt, t, rows in zip(per_table, self.tables, rows_by_table):
-                w = pt["where"][k]
-                size = len(w) * t["dim"]
-                rows[w] = flat[start:start + size].reshape(len(w), t["dim"])
-                start += size
-        for pt, t, rows in zip(per_table, self.tables, rows_by_table):
-            act = tf.gather(tf.constant(rows), pt["pos"])          # = embedding_lookup(table, ids)
-            acts.append(tf.reshape(act, [hi - lo, -1]))
-        act = tf.concat(acts, axis=1) if len(acts) > 1 else acts[0]
+        sizes = [len(u) for u in uniques]
+        rows = layout.unpack(flat.numpy(), sizes, self.group_dims)
+        forward, backward = self._sparse_functions(hi - lo)
+        act, embs = forward([tf.constant(r) for r in rows], positions)
+        to_dense = [_overlap((lo, hi), b) for b in self._bounds["dense"]]
+        self._alltoall(act, self._set_splits("sparse_dense", self.dense_ranks, to_dense),
+                       "sparse_dense", "activations")
         sd = self._ranks["sparse_dense"]
-        to_dense = [0] * len(sd)
-        for d, r in enumerate(self.dense_ranks):
-            to_dense[sd.index(r)] = _overlap((lo, hi), self._bounds["dense"][d])
-        self._alltoall(act, to_dense, "sparse_dense", "activations")
         dact, _ = self._alltoall(tf.zeros([0, self.features], tf.float32), [0] * len(sd),
                                  "sparse_dense", "activation_grads")
-        # row gradients: unique ids' sums, as Keras's IndexedSlices path forms them
-        grads_flat, col = [[] for _ in self.ps_ranks], 0
-        sums = []
-        for pt, t in zip(per_table, self.tables):
-            width = t["per_sample"] * t["dim"]
-            values = tf.reshape(dact[:, col:col + width], [-1, t["dim"]])
-            col += width
-            sums.append(tf.math.unsorted_segment_sum(values, pt["pos"], len(pt["uniq"])).numpy())
-        for k in range(len(self.ps_ranks)):
-            for pt, s in zip(per_table, sums):
-                grads_flat[k].append(s[pt["where"][k]].reshape(-1))
-        push = np.concatenate([np.concatenate(g) if g else np.zeros([0], np.float32)
-                               for g in grads_flat]).astype(np.float32)
-        self._alltoall(tf.constant(push), row_splits, "sparse_ps", "row_grads")
+        sums = backward(embs, positions, [tf.constant(s, tf.int32) for s in sizes],
+                                     dact)
+        push = layout.pack([s.numpy() for s in sums], self.group_dims)
+        self._alltoall(tf.constant(push),
+                       self._set_splits("sparse_ps", self.ps_ranks, layout.row_splits),
+                       "sparse_ps", "row_grads")
         return None
 
     # parameter-server shard ------------------------------------------------------
@@ -279,30 +498,34 @@ class HeterTrainer:
         keys = keys.numpy()
         table_of = np.searchsorted(self.offsets, keys, side="right") - 1
         dims = np.array([t["dim"] for t in self.tables], np.int64)
-        parts = []
-        for i, t in enumerate(self.tables):
-            mask = table_of == i
-            if mask.any():
-                rows = self.shard.pull(t["name"], keys[mask] - t["offset"]).numpy()
-                parts.append((np.nonzero(mask)[0], rows))
-        # rows in key order (each key's row flattened), split back per source
-        per_key = dims[table_of] if len(keys) else np.zeros([0], np.int64)
+        per_key = dims[table_of]
         starts = np.concatenate([[0], np.cumsum(per_key)]).astype(np.int64)
-        flat = np.empty(int(starts[-1]), np.float32)
-        for idx, rows in parts:
-            flat[starts[idx][:, None] + np.arange(rows.shape[1])] = rows
+        uniform = len(self.group_dims) == 1
+        idx = [np.nonzero(table_of == i)[0] for i in range(len(self.tables))]
+        ids = [keys[w] - t["offset"] for w, t in zip(idx, self.tables)]
+        pulled = self.shard.pull_all(ids)
+        if uniform:
+            flat = np.empty((len(keys), self.group_dims[0]), np.float32)
+            for w, r in zip(idx, pulled):
+                flat[w] = r.numpy()
+            flat = flat.reshape(-1)
+        else:
+            flat = np.empty(int(starts[-1]), np.float32)
+            for w, r, t in zip(idx, pulled, self.tables):
+                flat[starts[w][:, None] + np.arange(t["dim"])] = r.numpy()
         bounds = np.concatenate([[0], np.cumsum(got)])
         splits = [int(per_key[bounds[i]:bounds[i + 1]].sum()) for i in range(len(sp))]
         self._alltoall(tf.constant(flat), splits, "sparse_ps", "rows")
         grads, _ = self._alltoall(tf.zeros([0], tf.float32), [0] * len(sp), "sparse_ps",
                                   "row_grads")
         grads = grads.numpy()
-        push = {}
-        for i, t in enumerate(self.tables):
-            idx = np.nonzero(table_of == i)[0]
-            values = grads[starts[idx][:, None] + np.arange(t["dim"])]
-            push[t["name"]] = (keys[idx] - t["offset"], values)
-        self.shard.push(push)
+        if uniform:
+            rows = grads.reshape(-1, self.group_dims[0])
+            values = [rows[w] for w in idx]
+        else:
+            values = [grads[starts[w][:, None] + np.arange(t["dim"])]
+                      for w, t in zip(idx, self.tables)]
+        self.shard.push({t["name"]: (i, v) for t, i, v in zip(self.tables, ids, values)})
         return None
 
     # dense trainer ------------------------------------------------------------------
@@ -315,10 +538,9 @@ class HeterTrainer:
         act, _ = self._alltoall(tf.zeros([0, self.features], tf.float32), [0] * len(sd),
                                 "sparse_dense", "activations")
         acts, col = [], 0
-        for t in self.tables:
-            width = t["per_sample"] * t["dim"]
-            acts.append(tf.reshape(act[:, col:col + width], (hi - lo,) + t["shape"] + (t["dim"],)))
-            col += width
+        for c in self.cut:
+            acts.append(tf.reshape(act[:, col:col + c["width"]], (hi - lo,) + c["shape"]))
+            col += c["width"]
         dense_in = [tf.constant(np.asarray(inputs[nm][lo:hi])) for nm in self.dense_input_names]
         weight = None if len(self.dense_ranks) == 1 else \
             tf.constant((hi - lo) / len(labels), tf.float32)
@@ -326,10 +548,9 @@ class HeterTrainer:
                                                   tf.constant(np.asarray(labels[lo:hi])), weight)
         dact = tf.concat([tf.reshape(g, [hi - lo, -1]) for g in act_grads], axis=1) \
             if len(act_grads) > 1 else tf.reshape(act_grads[0], [hi - lo, -1])
-        back = [0] * len(sd)
-        for s, r in enumerate(self.sparse_ranks):
-            back[sd.index(r)] = _overlap((lo, hi), self._bounds["sparse"][s])
-        self._alltoall(dact, back, "sparse_dense", "activation_grads")
+        back = [_overlap((lo, hi), b) for b in self._bounds["sparse"]]
+        self._alltoall(dact, self._set_splits("sparse_dense", self.sparse_ranks, back),
+                       "sparse_dense", "activation_grads")
         if len(self.dense_ranks) > 1:
             grads = [self.hvd.allreduce(g, op=self.hvd.Sum, name="heter.dense.%d" % i,
                                         process_set=self._sets["dense"])

@@ -122,3 +122,25 @@ def test_placeholder_tables_keep_the_declared_shape_and_allocate_one_row():
     # the context ends: a model built after it has its whole table again
     again = embedding_dense_model().get_layer("emb")
     assert tuple(again.embeddings.shape) == (50, 8) and not placement.is_placeholder(again)
+
+
+def test_pooling_joins_the_sparse_kind_and_a_dense_on_sequences_stays_dense():
+    """Mean pooling of a multi-hot field has no typed op of its own (its only
+    gather picks entries of a shape vector): it joins the sparse kind because
+    it shrinks a sparse-kind output. A Dense applied per id (Tensordot, whose
+    gathers are of shapes too) stays dense, and so does a Flatten (no smaller)."""
+    ids = tf.keras.Input((4,), dtype="int64", name="ids")
+    e = tf.keras.layers.Embedding(20, 8, name="emb")(ids)
+    pool = tf.keras.layers.GlobalAveragePooling1D(name="pool")(e)
+    proj = tf.keras.layers.Dense(8, name="proj")(e)
+    h = tf.keras.layers.Concatenate(name="cat")(
+        [pool, tf.keras.layers.Flatten(name="flat")(proj), tf.keras.layers.Flatten(name="fe")(e)])
+    model = tf.keras.Model(ids, tf.keras.layers.Dense(1, name="out")(h))
+    plan = placement.place(model)
+    assert plan.kind("pool") == "sparse", plan.format()
+    assert plan._by_name["pool"].reason == "reduces sparse-kind outputs (128 -> 32 bytes per sample)"
+    assert plan.kind("proj") == "dense" and not plan._by_name["proj"].sparse_ops, plan.format()
+    assert plan.kind("fe") == "dense" and plan.kind("flat") == "dense"
+    assert [p.name for p in plan.boundary()] == ["emb", "pool"]
+    # an override still wins
+    assert placement.place(model, overrides={"pool": "dense"}).kind("pool") == "dense"

@@ -92,6 +92,31 @@ def test_two_of_each_role_interleaved_match_one_process_within_float32_reorderin
     assert checked == 2 * (4 + 6) + 2 * (4 + 4)   # per shard: tables + slots; per dense: 4 weights
 
 
+def test_pooling_runs_on_the_sparse_trainer_and_matches_one_process(tmp_path):
+    """A multi-hot field mean-pooled by GlobalAveragePooling1D (its ops make it
+    sparse-kind): the sparse trainer pools before sending, so the dense
+    trainer receives 4 + 4 floats per sample for the two fields (not 3 x 4 +
+    4), and after 20 Adagrad and Adam steps the tables, slots and dense
+    weights are bit for bit those of single-process training (one rank per
+    role; both tables one width, so the rows travel as one block)."""
+    out = horovodrun([WORKER, str(tmp_path), "pooled"], "gloo", np_=3, timeout=240, env=ROLES)
+    assert out.returncode == 0, out.stdout[-6000:]
+    reports = [json.load(open(tmp_path / ("pooled_rank%d.json" % r))) for r in range(3)]
+    assert [r["role"] for r in reports] == ["ps", "sparse", "dense"]
+    for r in reports:
+        assert r["sparse_side"] == ["pool_a"] and r["cut"] == ["emb_b", "pool_a"], r
+        assert r["features"] == 8, r
+    checked = 0
+    for r in reports:
+        for kind in ("adagrad", "adam"):
+            for name, check in r[kind].items():
+                if isinstance(check, dict):
+                    assert check["equal"], (r["role"], kind, name, check)
+                    checked += 1
+    # shard: 2 tables + 2 accumulators (Adagrad), + 2 x (m, v) (Adam); dense: 4 weights each
+    assert checked == (2 + 2) + (2 + 4) + 2 * 4
+
+
 def test_tables_live_only_on_the_shards(tmp_path):
     """A model built under ``placement.placeholder_tables()`` (tables of 800 KB
     and 240 KB, two shards): after 20 Adagrad steps no sparse or dense

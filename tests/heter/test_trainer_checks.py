@@ -51,16 +51,47 @@ def test_more_shards_than_rows_is_named():
         trainer(model(rows=2), "ps=3,sparse=1,dense=1", size=5)
 
 
-def test_sparse_layer_that_is_not_an_embedding_is_named():
+class Pool(tf.keras.layers.Layer):
+    """Sums a sample's 4 embeddings (its ops make it sparse-kind)."""
+
+    def call(self, e):
+        return tf.math.unsorted_segment_sum(tf.transpose(e, [1, 0, 2]),
+                                            tf.zeros([4], tf.int32), 1)[0]
+
+
+class WeightedPool(Pool):
+    def build(self, shape):
+        self.scale = self.add_weight(name="scale", shape=(), initializer="ones")
+
+    def call(self, e):
+        return super().call(e) * self.scale
+
+
+def test_pooling_after_the_tables_runs_on_the_sparse_trainer():
     ids = tf.keras.Input((4,), dtype="int32", name="ids")
-
-    class Pool(tf.keras.layers.Layer):
-        def call(self, e):
-            return tf.math.unsorted_segment_sum(e, tf.zeros([4], tf.int32), 1)
-
     e = tf.keras.layers.Embedding(20, 8, name="emb")(ids)
-    out = tf.keras.layers.Dense(1)(Pool(name="pool")(e))
-    with pytest.raises(ValueError, match="sparse-kind layer 'pool' is a Pool"):
+    out = tf.keras.layers.Dense(1, name="out")(Pool(name="pool")(e))
+    t = trainer(tf.keras.Model(ids, out))
+    assert t.side_layers == ["pool"]
+    assert [c["name"] for c in t.cut] == ["pool"] and t.features == 8     # not 4 x 8
+
+
+def test_sparse_side_layer_with_weights_is_named():
+    ids = tf.keras.Input((4,), dtype="int32", name="ids")
+    e = tf.keras.layers.Embedding(20, 8, name="emb")(ids)
+    out = tf.keras.layers.Dense(1)(WeightedPool(name="wpool")(e))
+    with pytest.raises(ValueError, match="sparse-kind layer 'wpool' .a WeightedPool. has "
+                                         "trainable weights"):
+        trainer(tf.keras.Model(ids, out))
+
+
+def test_sparse_side_layer_reading_a_dense_output_is_named():
+    ids = tf.keras.Input((4,), dtype="int32", name="ids")
+    e = tf.keras.layers.Embedding(20, 8, name="emb")(ids)
+    d = tf.keras.layers.Dense(8, name="proj")(e)
+    out = tf.keras.layers.Dense(1)(Pool(name="pool")(d))
+    with pytest.raises(ValueError, match="sparse-kind layer 'pool' .a Pool. reads 'proj', which "
+                                         "is not of the sparse kind"):
         trainer(tf.keras.Model(ids, out))
 
 

@@ -9,6 +9,10 @@
                                     batch with an id out of range
     heter_worker.py OUT_DIR multi   Adagrad and Adam only, for several shards /
                                     trainers (OUT_DIR/multi_rank<r>.json)
+    heter_worker.py OUT_DIR pooled  Adagrad and Adam on a model whose multi-hot
+                                    field is mean-pooled (a sparse-kind layer
+                                    that runs on the sparse trainer), tables of
+                                    one width (OUT_DIR/pooled_rank<r>.json)
     heter_worker.py OUT_DIR memory  the model built with placeholder tables
                                     (larger tables, 2 shards): a few steps, then
                                     every rank reports the bytes of the
@@ -46,6 +50,24 @@ def build_model(rows_a=ROWS_A, rows_b=ROWS_B):
     return tf.keras.Model([a, b, x], tf.keras.layers.Dense(1, name="out")(h), name="tiny_dlrm")
 
 
+def build_pooled(rows_a=ROWS_A, rows_b=ROWS_B):
+    """Both tables 4 wide; field a's 3 ids mean-pooled (GlobalAveragePooling1D:
+    placed sparse by its ops, run by the sparse trainer, so the dense trainer
+    receives 4 floats for field a instead of 12)."""
+    a = tf.keras.Input((3,), dtype="int64", name="ids_a")
+    b = tf.keras.Input((1,), dtype="int64", name="ids_b")
+    x = tf.keras.Input((5,), name="x")
+    pa = tf.keras.layers.GlobalAveragePooling1D(name="pool_a")(
+        tf.keras.layers.Embedding(rows_a, 4, name="emb_a")(a))
+    eb = tf.keras.layers.Embedding(rows_b, 4, name="emb_b")(b)
+    h = tf.keras.layers.Concatenate(name="cat")([pa, tf.keras.layers.Flatten(name="fb")(eb), x])
+    h = tf.keras.layers.Dense(8, activation="relu", name="hidden")(h)
+    return tf.keras.Model([a, b, x], tf.keras.layers.Dense(1, name="out")(h), name="pooled_dlrm")
+
+
+BUILD = build_pooled if MODE == "pooled" else build_model
+
+
 def batches(seed):
     rng = np.random.default_rng(seed)
     for _ in range(STEPS):
@@ -61,7 +83,7 @@ OPTS = {"sgd": lambda: tf.keras.optimizers.SGD(0.1),
 
 
 def reference(init, kind):
-    model = build_model()
+    model = BUILD()
     model.set_weights(init)
     opt, loss_fn = OPTS[kind](), tf.keras.losses.BinaryCrossentropy(from_logits=True)
 
@@ -97,12 +119,12 @@ roles = roles_mod.from_env()
 hvd.init(process_sets=roles.process_sets())
 rank = hvd.rank()
 
-if MODE in ("exact", "multi"):
+if MODE in ("exact", "multi", "pooled"):
     report = {"role": roles.role(rank), "sets": {k: list(v.ranks) for k, v in
                                                  zip(roles.set_ranks(), roles.process_sets())}}
     for kind in (OPTS if MODE == "exact" else ("adagrad", "adam")):
         tf.keras.utils.set_random_seed(3)
-        model = build_model()
+        model = BUILD()
         init = model.get_weights()
         trainer = HeterTrainer(model, tf.keras.losses.BinaryCrossentropy(from_logits=True),
                                OPTS[kind](), roles)
@@ -125,9 +147,12 @@ if MODE in ("exact", "multi"):
                 checks[name] = compare(value, want[name])
             checks["losses_finite"] = bool(np.all(np.isfinite(losses)))
         report[kind] = checks
-    if MODE == "multi":
+    if MODE in ("multi", "pooled"):
+        report["features"] = trainer.features
+        report["cut"] = [c["name"] for c in trainer.cut]
+        report["sparse_side"] = trainer.side_layers
         trainer.close()
-        with open(os.path.join(OUT, "multi_rank%d.json" % rank), "w") as f:
+        with open(os.path.join(OUT, "%s_rank%d.json" % (MODE, rank)), "w") as f:
             json.dump(report, f, indent=1)
         hvd.shutdown()
         sys.exit(0)
