@@ -63,7 +63,7 @@ from horovod_prio.method import units
 from horovod_prio.sim.engine import JobSpec, LinkConfig, simulate
 from horovod_prio.sim.profiles import Profile, load_profile
 
-from . import report
+from . import report, testbed
 from .harness import git_rev
 
 _MODE = {"hvd": "fifo", "prio": "priority", "spec": None}
@@ -207,7 +207,10 @@ def _link(meta, overhead: float = 0.0, rtt: float = 0.0, step: float = 0.0) -> L
                       starvation_bound=int(meta.get("starvation_bound", 8)),
                       # runs recorded before the arbiter had a class reserve ran without one
                       arbiter_class_reserve=float(meta.get("arbiter_class_reserve", 0.0)),
-                      collective_overhead=overhead, arbiter_rtt=rtt, step_overhead=step)
+                      collective_overhead=overhead, arbiter_rtt=rtt, step_overhead=step,
+                      # the uplink carries TCP over Ethernet (runs recorded before the
+                      # runner recorded the MTU ran on the same veths)
+                      mtu=int(meta.get("mtu", testbed.MTU)))
 
 
 def _bisect(err, lo, hi, geometric=False, n=40):
