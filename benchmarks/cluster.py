@@ -486,7 +486,7 @@ def results_meta(args, variants: list[str], command: str) -> dict:
         "arbiter_credit": args.arbiter_credit, "arbiter_order": args.arbiter_order,
         "starvation_bound": args.starvation_bound, "subnet": args.subnet,
         "arbiter_class_reserve": args.arbiter_class_reserve,
-        "sample_interval": args.sample_interval, "link": LINK_NAME,
+        "sample_interval": args.sample_interval, "link": LINK_NAME, "mtu": testbed.MTU,
     }
 
 

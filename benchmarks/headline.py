@@ -52,6 +52,7 @@ from .harness import REPO, Progress, check_prio_available, git_rev, positive_int
 
 FORMAT = "horovod_prio.headline/1"
 AA_CONTROL = "aa"
+CALIBRATION = "sim-calibration"
 
 
 # ---------------------------------------------------------------- the matrix
@@ -99,6 +100,14 @@ SCENARIOS = (
               "--job", "arb,steps=12,HOROVOD_PRIO_CALIBRATION_BATCHES=5",
               "--variants", "hvd,spec", "--pin", "job", "--rate", "400mbit", "--batch", "320"),
              est_run_s=35),
+    # no row of its own: the simulator's job-side costs, measured on one job alone in the
+    # same sweep (sim_check.calibrate), for the testbed scenarios on its link, model,
+    # batch and pinning (classes, join)
+    Scenario(CALIBRATION, "cluster",
+             ("--job", "arb,steps=20", "--variants", "hvd,prio,spec", "--pin", "job",
+              "--batch", "64"),
+             ("--job", "arb,steps=10", "--variants", "hvd,prio,spec", "--pin", "job",
+              "--batch", "64"), est_run_s=20),
 )
 
 
@@ -158,12 +167,23 @@ def build_parser():
                         "--quick: results/headline/quick-<date>)")
     p.add_argument("--keep-raw", action="store_true",
                    help="also write every scenario's full runner results to OUT/raw/<key>/")
+    p.add_argument("--resim", metavar="DIR", default=None,
+                   help="run nothing on the testbed: re-run the simulator check of the headline "
+                        "folder DIR from its recorded step medians and print it beside the "
+                        "recorded one (no root; writes nothing)")
+    p.add_argument("--calibrate", metavar="ALONE", default=None,
+                   help="with --resim: a benchmarks.cluster folder of one arb job alone "
+                        "(variants hvd,prio,spec) whose job-side costs, measured on its chunks' "
+                        "time in flight, go into the scenarios run on the same link, model, "
+                        "batch, transport and pinning")
     return p
 
 
 def parse_args(argv=None):
     p = build_parser()
     a = p.parse_args(argv)
+    if a.calibrate is not None and a.resim is None:
+        p.error("argument --calibrate: only with --resim DIR")
     if a.repeats is None:
         a.repeats = 1 if a.quick else 3
     known = [s.key for s in SCENARIOS]
@@ -250,11 +270,12 @@ def compact(key: str, runner: str, rec: dict) -> dict:
         out.update(config=[rec.get("variant")], rate=rec.get("rate"))
         if rec.get("status") == "ok":
             st = report.cluster_run_stats(rec)
+            from .sim_check import phase_fractions, run_comm_s
             out.update(s_per_step=st["mean_shared"],
                        job_s=[j["median_shared"] for j in st["jobs"]],
                        job_alone_s=[j["median_alone"] for j in st["jobs"]],
                        grad_bytes=(rec["jobs"][0].get("meta") or {}).get("grad_bytes"),
-                       ranks=2)
+                       ranks=2, phase=phase_fractions(rec), comm_s=run_comm_s(rec))
     return out
 
 
@@ -365,9 +386,10 @@ def sim_for(row: Row, check_res: dict | None, why: str) -> dict:
     return out or {"reason": "the simulator gave no row for this job"}
 
 
-def sim_check_scenario(meta: dict, records: list[dict]) -> tuple[dict | None, str]:
+def sim_check_scenario(meta: dict, records: list[dict], **kw) -> tuple[dict | None, str]:
     """``sim_check.check`` on a cluster scenario's full records, with the
-    measured profile of its model and batch (``results/sim/profile_<model>_b<batch>.json``)."""
+    measured profile of its model and batch (``results/sim/profile_<model>_b<batch>.json``);
+    ``kw`` goes to ``check`` (``measured``/``phases`` for compact records: :func:`resim`)."""
     jobs = meta.get("jobs") or []
     models = {(d.get("model"), d.get("batch")) for d in jobs}
     if len(models) != 1:
@@ -379,9 +401,165 @@ def sim_check_scenario(meta: dict, records: list[dict]) -> tuple[dict | None, st
     from horovod_prio.sim.profiles import load_profile
     from . import sim_check
     try:
-        return sim_check.check({"meta": meta, "runs": records}, load_profile(str(prof))), ""
+        return sim_check.check({"meta": meta, "runs": records}, load_profile(str(prof)), **kw), ""
     except (ValueError, KeyError, ZeroDivisionError) as e:
         return None, f"simulator check failed: {e}"
+
+
+def calibration_for(meta: dict, alone: dict | None, **kw) -> tuple[dict, str]:
+    """The job-side costs (``sim_check.calibrate``, the per-collective overhead
+    measured on the chunks' time in flight) of ``alone`` -- a ``benchmarks.cluster``
+    run of one arb job with the variants hvd, prio, spec -- for a cluster scenario
+    of ``meta`` run on the same link, model, batch, transport and pinning; ``({},
+    reason)`` when there is none or it does not match. ``kw`` (``measured``,
+    ``comm``) goes to ``calibrate`` for compact runs (:func:`compact_measured`)."""
+    if alone is None:
+        return {}, "not calibrated: no run of one job alone to measure the job-side costs on"
+    am = alone["meta"]
+    keys = ("rate", "model", "batch", "transport", "pin")
+    diff = [k for k in keys if am.get(k) != meta.get(k)]
+    if diff:
+        return {}, "not calibrated: the calibration run differs in " + ", ".join(
+            f"{k} ({am.get(k)} vs {meta.get(k)})" for k in diff)
+    from horovod_prio.sim.profiles import load_profile
+    from . import sim_check
+    prof = REPO / "results" / "sim" / f"profile_{am['model']}_b{am['batch']}.json"
+    try:
+        cal = sim_check.calibrate(alone, load_profile(str(prof)), overhead=None, **kw)
+    except (OSError, ValueError) as e:
+        return {}, f"not calibrated: {e}"
+    return {"overhead": cal["collective_overhead"], "rtt": cal["arbiter_rtt"],
+            "step": cal["step_cost"]}, ""
+
+
+def sim_summary(sims: dict, why: dict, source: str = "") -> dict:
+    """Per checked scenario, what its simulator check ran with: the fitted compute
+    scale and the job-side costs, and where the costs came from (``why``: the
+    reason they are missing, empty when measured on ``source``, by default the
+    sweep's own calibration runs)."""
+    source = source or f"the {CALIBRATION} runs of the same sweep (one job alone)"
+    out = {}
+    for key, (c, reason) in sims.items():
+        if c is None:
+            out[key] = {"reason": reason}
+            continue
+        out[key] = {"compute_scale": c["compute_scale"],
+                    "collective_overhead_s": c["collective_overhead"],
+                    "arbiter_rtt_s": c["arbiter_rtt"], "step_cost_s": c["step_cost"],
+                    "costs": why.get(key) or f"measured on {source}"}
+    return out
+
+
+def sim_text_of(key: str, e: dict) -> str:
+    """One line of :func:`sim_summary`'s entry ``e`` for scenario ``key``."""
+    if "reason" in e:
+        return f"{key}: no check ({e['reason']})"
+    return (f"{key}: compute scale {e['compute_scale']:.2f} (fitted on plain Horovod), "
+            f"per-collective overhead {1e3 * e['collective_overhead_s']:.1f} ms, arbiter round "
+            f"trip {1e3 * e['arbiter_rtt_s']:.1f} ms, per-step cost {1e3 * e['step_cost_s']:.1f} "
+            f"ms: {e['costs']}")
+
+
+def compact_measured(runs: list[dict], variants) -> tuple[dict, dict, dict]:
+    """``(measured, phases, comm)`` of a cluster scenario's compact runs, as
+    ``sim_check`` reads them from full records: per variant the per-job medians over
+    the repeats (shared and alone), each repeat's phase, job 0's time in flight per
+    step (median over the repeats)."""
+    measured, phases, comm = {}, {}, {}
+    for v in variants:
+        vr = [r for r in runs if r["config"] == [v] and r["status"] == "ok"]
+        if not vr:
+            continue
+        n = len(vr[0]["job_s"])
+        measured[v] = [{"shared": _med([r["job_s"][i] for r in vr]),
+                        "alone": _med([(r.get("job_alone_s") or [None] * n)[i] for r in vr])}
+                       for i in range(n)]
+        ph = [r["phase"] for r in vr if r.get("phase")]
+        if ph:
+            phases[v] = ph
+        comm[v] = _med([r.get("comm_s") for r in vr])
+    return measured, phases, comm
+
+
+def cluster_meta(sc: dict, repeats: int) -> dict:
+    """The ``benchmarks.cluster`` meta of a recorded scenario (``meta["scenarios"]
+    [key]``), from its arguments through the runner's parser and defaults."""
+    from . import cluster
+    a = cluster.parse_args(list(sc["argv"]) + ["--repeats", str(repeats)])
+    return cluster.results_meta(a, cluster.variants_to_run(a.job, a.variants),
+                                "python -m benchmarks.cluster " + " ".join(sc["argv"]))
+
+
+def resim(folder, calibrate=None) -> dict:
+    """The simulator's check of a headline folder's testbed rows again, from what
+    the folder recorded (no testbed, no root): each cluster scenario's runner meta
+    rebuilt from its recorded arguments (the runner's parser and defaults of this
+    checkout), the per-job step medians of its compact runs, and the phases the runs
+    recorded (folders made before runs recorded their phase simulate the jobs that
+    start together 0.5 ms apart, not at the testbed's phase). ``calibrate``: a
+    ``benchmarks.cluster`` folder of one arb job alone (:func:`calibration_for`)
+    whose job-side costs go into the scenarios it matches. Returns ``{"rows":
+    [{"title", "measured_s", "recorded": sim or None, "now": sim}], "notes": [...]}``
+    (a sim: ``{"sim_s", "error"}`` or ``{"reason"}``)."""
+    res = results_io.load(results_io.results_path(Path(folder)))
+    m = res["meta"]
+    cal_kw = {}
+    if calibrate is not None:
+        alone = results_io.load(results_io.results_path(Path(calibrate)))
+    elif CALIBRATION in m["scenarios"]:
+        sc = m["scenarios"][CALIBRATION]
+        meta = cluster_meta(sc, m["repeats"])
+        measured, _, comm = compact_measured(
+            [r for r in res["runs"] if r["scenario"] == CALIBRATION], meta["variants"])
+        alone, cal_kw = {"meta": meta, "runs": []}, {"measured": measured, "comm": comm}
+    else:
+        alone = None
+    checks, notes, why = {}, [], {}
+    for key, sc in m["scenarios"].items():
+        if sc["runner"] != "cluster" or key == CALIBRATION:
+            continue
+        meta = cluster_meta(sc, m["repeats"])
+        measured, phases, _ = compact_measured(
+            [r for r in res["runs"] if r["scenario"] == key], meta["variants"])
+        together = all(float(d.get("start") or 0) == 0 for d in meta["jobs"])
+        if together and len(meta["jobs"]) > 1 and not phases:
+            notes.append(f"{key}: no phases recorded; its jobs are simulated 0.5 ms apart")
+        costs, why[key] = calibration_for(meta, alone, **cal_kw)
+        checks[key] = sim_check_scenario(meta, [], measured=measured, phases=phases, **costs)
+    rows = []
+    recorded = {r["title"]: r.get("sim") or {} for r in res.get("rows") or []}
+    for row in ROWS:
+        if row.scenario not in checks:
+            continue
+        now = sim_for(row, *checks[row.scenario])
+        rec = recorded.get(row.title) or {}
+        meas = [r for r in res.get("rows") or [] if r["title"] == row.title]
+        rows.append({"title": row.title, "measured_s": meas[0]["ours_s"] if meas else None,
+                     "recorded": rec.get("ours"), "now": now.get("ours") or now})
+    return {"folder": str(folder), "git": git_rev(), "rows": rows, "notes": notes,
+            "calibration": None if calibrate is None else str(calibrate),
+            "checks": {k: c for k, (c, _) in checks.items()},
+            "sim": sim_summary(checks, why, f"{calibrate} (one job alone)" if calibrate else "")}
+
+
+def resim_markdown(r: dict) -> str:
+    def cell(s):
+        if not s:
+            return "–"
+        if "sim_s" not in s:
+            return f"– ({s.get('reason', 'none')})"
+        return f"{s['sim_s']:.3f} ({s['error']:+.0%})"
+    cal = f" --calibrate {r['calibration']}" if r.get("calibration") else ""
+    lines = [f"Simulator check of `{r['folder']}` re-run at git {r['git']} from its recorded "
+             f"medians (`python -m benchmarks.headline --resim {r['folder']}{cal}`)", "",
+             "| scenario | horovod_prio s/step (testbed) | simulator as recorded (error) "
+             "| simulator now (error) |", "|---|---|---|---|"]
+    for row in r["rows"]:
+        lines.append(f"| {row['title']} | {_f(row['measured_s'])} | {cell(row['recorded'])} "
+                     f"| {cell(row['now'])} |")
+    lines += [""] + [f"- {n}" for n in r["notes"]]
+    lines += [f"- {sim_text_of(k, e)}" for k, e in r["sim"].items()]
+    return "\n".join(lines) + "\n"
 
 
 def aa_pairs(runs: list[dict]) -> list[tuple[float, float]]:
@@ -434,6 +612,9 @@ def markdown(res: dict) -> str:
         bound = f"{b['s']:.3f} ({b['source']})" if b.get("s") is not None else "–"
         lines.append(f"| {r['title']} | {_f(r['base_s'])} | {_f(r['ours_s'])} | {ratio_text(r)} "
                      f"| {bound} | {share_text(r)} | {sim_text(r)} |")
+    if res.get("sim"):
+        lines += ["", "Simulator: " + "; ".join(sim_text_of(k, e) for k, e in res["sim"].items())
+                  + "."]
     lines += ["", res["aa"]["text"], "",
               f"1-min load average at start {m['loadavg_start']:.1f}, end "
               f"{_f(m.get('loadavg_end'), '{:.1f}')}; runs ok "
@@ -492,6 +673,14 @@ def machine() -> dict:
 # ---------------------------------------------------------------- main
 def main(argv=None) -> int:
     args = parse_args(argv)
+    if args.resim is not None:
+        try:
+            sys.stdout.write(resim_markdown(resim(args.resim, args.calibrate)))
+        except (OSError, ValueError, KeyError) as e:
+            sys.stderr.write(f"python -m benchmarks.headline: error: argument --resim: "
+                             f"cannot re-check {args.resim}: {e}\n")
+            return 2
+        return 0
     if not preflight("headline"):
         return 2
     from . import cgroups, cluster, run, testbed
@@ -561,10 +750,15 @@ def main(argv=None) -> int:
         code = 130
     finally:
         shutil.rmtree(workroot, ignore_errors=True)
-    sims = {}
+    sims, why = {}, {}
+    alone = raw.get(CALIBRATION)
     for s in scens:
-        if s.runner == "cluster":
-            sims[s.key] = sim_check_scenario(raw[s.key]["meta"], raw[s.key]["runs"])
+        if s.runner == "cluster" and s.key != CALIBRATION:
+            costs, why[s.key] = calibration_for(raw[s.key]["meta"], alone)
+            if why[s.key]:
+                sys.stderr.write(f"[headline] simulator check of {s.key}: {why[s.key]}\n")
+            sims[s.key] = sim_check_scenario(raw[s.key]["meta"], raw[s.key]["runs"], **costs)
+    res["sim"] = sim_summary(sims, why)
     res["meta"]["loadavg_end"] = os.getloadavg()[0]
     summarize(res, scens, sims)
     write(res, out)

@@ -63,7 +63,7 @@ from horovod_prio.method import units
 from horovod_prio.sim.engine import JobSpec, LinkConfig, simulate
 from horovod_prio.sim.profiles import Profile, load_profile
 
-from . import report
+from . import report, testbed
 from .harness import git_rev
 
 _MODE = {"hvd": "fifo", "prio": "priority", "spec": None}
@@ -96,16 +96,19 @@ def _measured_comm(results: dict, variant: str) -> float | None:
     trace's "allreduce" spans, union; ``arbiter_waits[job]["allreduce_union_s"]``,
     recorded since 2026-12-04), median over the variant's repeats; None if not
     recorded."""
-    xs = []
-    for r in results["runs"]:
-        if r.get("variant") != variant or r.get("status") != "ok" or not r.get("jobs"):
-            continue
-        j = r["jobs"][0]
-        aw = (r.get("arbiter_waits") or {}).get(j["name"]) or {}
-        n = len(report.measured_steps(j))
-        if aw.get("allreduce_union_s") is not None and n:
-            xs.append(aw["allreduce_union_s"] / n)
-    return _med(xs)
+    return _med([run_comm_s(r) for r in results["runs"]
+                 if r.get("variant") == variant and r.get("status") == "ok"])
+
+
+def run_comm_s(run: dict) -> float | None:
+    """One run's job 0 time with a released chunk in flight per measured step (see
+    :func:`_measured_comm`); None if not recorded."""
+    if not run.get("jobs"):
+        return None
+    j = run["jobs"][0]
+    aw = (run.get("arbiter_waits") or {}).get(j["name"]) or {}
+    n = len(report.measured_steps(j))
+    return aw["allreduce_union_s"] / n if aw.get("allreduce_union_s") is not None and n else None
 
 
 def phase_fractions(run: dict) -> list[float] | None:
@@ -207,7 +210,10 @@ def _link(meta, overhead: float = 0.0, rtt: float = 0.0, step: float = 0.0) -> L
                       starvation_bound=int(meta.get("starvation_bound", 8)),
                       # runs recorded before the arbiter had a class reserve ran without one
                       arbiter_class_reserve=float(meta.get("arbiter_class_reserve", 0.0)),
-                      collective_overhead=overhead, arbiter_rtt=rtt, step_overhead=step)
+                      collective_overhead=overhead, arbiter_rtt=rtt, step_overhead=step,
+                      # the uplink carries TCP over Ethernet (runs recorded before the
+                      # runner recorded the MTU ran on the same veths)
+                      mtu=int(meta.get("mtu", testbed.MTU)))
 
 
 def _bisect(err, lo, hi, geometric=False, n=40):
@@ -291,7 +297,8 @@ def _fit_error(run, variant, target, kw, window=None):
 
 
 def calibrate(alone: dict, profile: Profile, pcfg: PriorityConfig | None = None,
-              overhead: float | None = 0.0) -> dict:
+              overhead: float | None = 0.0, measured: dict | None = None,
+              comm: dict | None = None) -> dict:
     """horovod_prio's per-step cost and the arbiter round trip from one job measured
     alone (a ``benchmarks.cluster`` run with one job and the variants hvd, prio, spec),
     after the compute scale on hvd. Each is one number fitted on one variant: the
@@ -306,11 +313,15 @@ def calibrate(alone: dict, profile: Profile, pcfg: PriorityConfig | None = None,
     chunk released on rank 0 also waits there for the other rank to release it,
     which the one-worker model has no place for (prio releases during the
     backward pass and reads far more than spec). Runs recorded before 2026-12-04
-    lack the time in flight."""
+    lack the time in flight.
+
+    ``measured`` / ``comm`` (variant -> job 0's time in flight per step): what
+    :func:`_measured` / :func:`_measured_comm` would read, for runs kept without
+    their step series (a ``benchmarks.headline`` folder)."""
     meta = alone["meta"]
     if len(meta["jobs"]) != 1:
         raise ValueError("--calibrate: expected a run with one job, got %d" % len(meta["jobs"]))
-    measured = _measured(alone)
+    measured = measured if measured is not None else _measured(alone)
     missing = [v for v in ("hvd", "prio", "spec") if v not in measured]
     if missing:
         raise ValueError("--calibrate: the run lacks variant(s) %s (run it with "
@@ -324,7 +335,8 @@ def calibrate(alone: dict, profile: Profile, pcfg: PriorityConfig | None = None,
         return _bisect(_fit_error(run, "hvd", measured["hvd"],
                                   kw=lambda x: {"k": x, "overhead": ov}), 0.05, 20.0,
                        geometric=True)
-    comm = {v: _measured_comm(alone, v) for v in ("spec", "prio")}
+    comm = {v: (comm.get(v) if comm is not None else _measured_comm(alone, v))
+            for v in ("spec", "prio")}
     comm_v = next((v for v, c in comm.items() if c is not None), None)
     fitted = overhead is None
     if fitted and comm_v is None:
@@ -357,21 +369,28 @@ def calibrate(alone: dict, profile: Profile, pcfg: PriorityConfig | None = None,
 
 def check(results: dict, profile: Profile, pcfg: PriorityConfig | None = None,
           overhead: float = 0.0, rtt: float = 0.0, compute_scale: float | None = None,
-          phase: bool = True, step: float = 0.0) -> dict:
+          phase: bool = True, step: float = 0.0, measured: dict | None = None,
+          phases: dict | None = None) -> dict:
     """Every variant of ``results`` in the simulator. The compute scale is fitted on
     plain Horovod unless ``compute_scale`` is given; then every row is a prediction.
     ``phase``: jobs that start together start in the simulator at the relative
-    phase they had on the testbed (:func:`phase_fractions`), else 0.5 ms apart."""
+    phase they had on the testbed (:func:`phase_fractions`), else 0.5 ms apart.
+    ``measured`` / ``phases``: the per-job medians (as :func:`_measured`) and the
+    repeats' phases (as :func:`_phases`) when ``results["runs"]`` has no step
+    series to take them from (a ``benchmarks.headline`` folder keeps only these)."""
     meta = results["meta"]
     pcfg = pcfg or PriorityConfig.from_env({}, **_job_env(meta))
-    measured = _measured(results)
+    measured = measured if measured is not None else _measured(results)
     if "hvd" not in measured:
         raise ValueError("the run has no plain-Horovod (hvd) variant to fit the compute scale on")
     # fit the compute scale on plain Horovod (bisection: step time grows with k); in a
     # run where a job joins later, on the first job's steps alone (compute and its own
     # communication only: the shared window also depends on how the jobs' phases meet)
     joined = any(float(d.get("start") or 0) > 0 for d in meta["jobs"])
-    phases = _phases(results) if phase and not joined else {}
+    if not phase or joined:
+        phases = {}
+    elif phases is None:
+        phases = _phases(results)
     run = _runner(results, profile, pcfg, phases)
     fit = compute_scale is None
     k = compute_scale if not fit else _bisect(_fit_error(run, "hvd", measured["hvd"],

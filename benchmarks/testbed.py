@@ -73,6 +73,10 @@ from .netns import (HarnessError, check_shaping, cleaned_up_at_exit, kill_namesp
                     require_tools, run_cmd, stop_process_groups)
 
 PREFIX = "hprio-tb-"
+#: MTU of every veth of the testbed, the uplink's included: they are created
+#: without one, so the kernel's default. The uplink's shaper counts each frame's
+#: headers (benchmarks.sim_check models them: LinkConfig.mtu)
+MTU = 1500
 ETC_NETNS = Path("/etc/netns")
 LOGIN_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 _HOST_RE = re.compile(r"^[a-z][a-z0-9-]{0,14}$")

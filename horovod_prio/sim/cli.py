@@ -82,6 +82,9 @@ def build_parser() -> argparse.ArgumentParser:
       help="link rate in bits/s: 10gbit, 25gbit, 100mbit, 1e9 (default 10gbit)")
     a("--latency", type=_duration, default=5e-6,
       help="per ring-hop latency, e.g. 5us (default); a message costs 2(N-1) of them")
+    a("--mtu", type=units.arg(units.parse_int, 0), default=0,
+      help="the link carries TCP over Ethernet frames of this MTU, their headers "
+           "included (1500: 1514 bytes per 1448 of payload); 0: payload only (default)")
     a("--topology", choices=TOPOLOGIES, default="nic",
       help="nic: one link per worker (cluster); bus: all ranks cross one link "
            "(shaped loopback) (default nic)")
@@ -206,6 +209,7 @@ def _run(args, argv) -> int:
         raise ValueError(f"argument --steps: give one value or one per job ({args.jobs}), "
                          f"got {len(args.steps)}")
     link = LinkConfig(bandwidth=args.bandwidth, latency=args.latency, topology=args.topology,
+                      mtu=args.mtu,
                       cycle_time=args.cycle_time, fusion_threshold=args.fusion_threshold,
                       starvation_bound=args.starvation_bound, step_overhead=args.step_overhead,
                       collective_overhead=args.collective_overhead,

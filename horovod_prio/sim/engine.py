@@ -17,7 +17,10 @@ Model (see docs/sim.md for the discussion):
   ``link_bytes = 2(N-1)/N*S`` (``topology="nic"``: one NIC per worker, all
   jobs have one worker on every node) or ``2(N-1)*S`` (``topology="bus"``:
   all ranks of all jobs cross one link, e.g. a shaped loopback). Alone on the
-  link that is the textbook ``2(N-1)/N*S/B + latency`` term. Each collective
+  link that is the textbook ``2(N-1)/N*S/B + latency`` term. With ``mtu``
+  the link also carries the frames' headers: ``link_bytes`` grows by
+  ``(mtu + 14) / (mtu - 52)`` (TCP/IPv4 with timestamps over Ethernet; 1514
+  bytes per 1448 of payload at MTU 1500), as a shaper counts them. Each collective
   also pays ``collective_overhead`` (Horovod's negotiation round and the
   per-op work of the ranks, measured on a testbed; default 0) before it
   occupies the link, holding the job's one collective slot meanwhile.
@@ -101,6 +104,20 @@ class LinkConfig:
     step_overhead: float = 0.0
     collective_overhead: float = 0.0           # s per collective before it occupies the link
     arbiter_rtt: float = 0.0                   # s, job <-> arbiter round trip
+    mtu: int = 0                               # TCP over Ethernet frames of this MTU; 0: payload only
+
+    #: bytes of every TCP/IPv4 frame inside the MTU that are not payload (IPv4 20,
+    #: TCP 20, the timestamp option 12, on by default in Linux) and outside it (the
+    #: Ethernet header 14, which a qdisc on the sending device counts)
+    TCP_HEADERS, ETHERNET_HEADER = 52, 14
+
+    def wire_factor(self) -> float:
+        """Bytes the link carries per payload byte: a TCP stream is cut into
+        frames of ``mtu - 52`` payload bytes, each ``mtu + 14`` bytes on the wire
+        (1514 per 1448 at the Ethernet default of 1500); 1 without framing."""
+        if not self.mtu:
+            return 1.0
+        return (self.mtu + self.ETHERNET_HEADER) / (self.mtu - self.TCP_HEADERS)
 
     def validate(self) -> None:
         def pos(name, v, strict=True):
@@ -123,6 +140,10 @@ class LinkConfig:
         r = self.arbiter_class_reserve
         if isinstance(r, bool) or not isinstance(r, numbers.Real) or not 0 <= r < 1:
             raise ValueError(f"arbiter_class_reserve must be a number in [0, 1), got {r!r}")
+        m = self.mtu
+        if isinstance(m, bool) or not isinstance(m, numbers.Integral) or not (m == 0 or m >= 68):
+            raise ValueError(f"mtu must be 0 (no framing) or an integer >= 68 (the IPv4 "
+                             f"minimum), got {m!r}")
         for name in ("fusion_threshold", "starvation_bound", "arbiter_credit"):
             v = getattr(self, name)
             lo = 0 if name == "starvation_bound" else 1
@@ -331,10 +352,9 @@ class _Job:
         # link bytes per gradient byte and per-message delay
         if n <= 1:
             self.byte_factor, self.delay = 0.0, 0.0
-        elif cfg.topology == "nic":
-            self.byte_factor, self.delay = 2.0 * (n - 1) / n, 2.0 * (n - 1) * cfg.latency
         else:
-            self.byte_factor, self.delay = 2.0 * (n - 1), 2.0 * (n - 1) * cfg.latency
+            self.byte_factor = _ring_factor(n, cfg.topology) * cfg.wire_factor()
+            self.delay = 2.0 * (n - 1) * cfg.latency
         # forward layer order -> backprop order; ready offsets from step start
         fwd = prof.forward_s
         t = fwd
@@ -705,8 +725,13 @@ def comm_floor(profile: Profile, workers: int, link: LinkConfig) -> float:
     the allreduce bandwidth term (no latency, no compute)."""
     if workers <= 1:
         return 0.0
-    f = 2.0 * (workers - 1) / workers if link.topology == "nic" else 2.0 * (workers - 1)
-    return profile.grad_bytes * f / link.bandwidth
+    return profile.grad_bytes * _ring_factor(workers, link.topology) * link.wire_factor() \
+        / link.bandwidth
+
+
+def _ring_factor(workers: int, topology: str) -> float:
+    """Payload bytes a ring allreduce of one gradient byte puts on the link."""
+    return 2.0 * (workers - 1) / workers if topology == "nic" else 2.0 * (workers - 1)
 
 
 def overlap_window(result: SimResult):

@@ -50,7 +50,7 @@ def test_repeats_are_interleaved_over_the_matrix_with_the_aa_control_in_each():
         assert set(one) == {("horovod",), ("prio",), (h.AA_CONTROL,)}
     assert h.parse_args([]).repeats == 3 and h.parse_args(["--quick"]).repeats == 1
     # the full matrix fits the budget; --quick is a few minutes
-    assert h.estimate_s(scens, plans) <= 30 * 60
+    assert h.estimate_s(scens, plans) <= 35 * 60
     q = h.parse_args(["--quick"])
     assert h.estimate_s(h.selected(q), _plans(q)) <= 5 * 60
 
@@ -65,6 +65,7 @@ def test_time_left_scales_the_estimates_by_the_runs_so_far():
 @pytest.mark.parametrize("argv, needle", [
     (["--only", "nope"], "--only: unknown scenario(s) nope"),
     (["--repeats", "0"], "--repeats"),
+    (["--calibrate", "results/cluster/x"], "--calibrate: only with --resim DIR"),
 ])
 def test_bad_arguments_are_named(argv, needle, capsys):
     with pytest.raises(SystemExit):
@@ -221,6 +222,12 @@ def test_compact_keeps_a_runs_values_not_its_series():
     from benchmarks import results_index                 # the index reads the load from runs
     assert results_index._loads([c]) == [1.0, 2.0]
     assert "jobs" not in c and "link_samples" not in c
+    pair = dict(rec, variant="spec", arbiter_waits={"job0": {"allreduce_union_s": 0.6}},
+                jobs=[_job("job0", 0.4, n=20), _job("job1", 0.4, n=20, t0=100.1)])
+    from benchmarks import sim_check
+    c = h.compact("identical-arbiter", "cluster", pair)
+    assert c["phase"] == sim_check.phase_fractions(pair) and c["phase"][1] == pytest.approx(0.25)
+    assert c["comm_s"] == pytest.approx(0.6 / 18)                # per measured step of job 0
     failed = h.compact("classes", "cluster", dict(rec, status="failed", error="boom\ntail",
                                                   variant="spec"))
     assert (failed["status"], failed["error"], failed["config"]) == ("failed", "boom", ["spec"])
@@ -257,11 +264,14 @@ def test_main_runs_the_matrix_through_the_runners_and_writes_one_folder(tmp_path
 
     def cluster_exec(r, args, workroot, secret_file, progress):
         calls.append(("cluster", r["variant"], r["repeat"]))
-        assert workroot.name == "classes"
+        assert workroot.name in ("classes", h.CALIBRATION)
         assert secret_file.exists()
         dt = 0.4 if r["variant"] == "hvd" else 0.3
+        jobs = [_job("job0", dt, n=20)]
+        if workroot.name == "classes":
+            jobs.append(_job("job1", 0.5, t0=103.0))
         return dict(r, label="x", status="ok", error=None, rate=args.rate, loadavg_before=1.0,
-                    loadavg_after=1.0, jobs=[_job("job0", dt, n=20), _job("job1", 0.5, t0=103.0)])
+                    loadavg_after=1.0, jobs=jobs)
 
     monkeypatch.setattr(h, "preflight", lambda tag: True)
     monkeypatch.setattr(h, "check_prio_available", lambda: (True, ""))
@@ -290,3 +300,81 @@ def test_main_runs_the_matrix_through_the_runners_and_writes_one_folder(tmp_path
     assert md.startswith("Command: `python -m benchmarks.headline --quick")
     assert "A/A resolution over 1 pair(s)" in md
     assert not (out / "raw").exists()
+
+
+def _simulated_cluster_run(r, meta, overhead):
+    """A benchmarks.cluster run record of one job alone made by the simulator (the
+    measured MLP b64 profile, collectives costing ``overhead`` beyond their bytes),
+    with the rank-0 trace's time in flight over the measured steps."""
+    from benchmarks import sim_check
+    from horovod_prio.sim.engine import JobSpec, simulate
+    from horovod_prio.sim.profiles import load_profile
+    prof = sim_check._scaled(load_profile(str(h.REPO / "results/sim/profile_mlp_b64.json")), 0.8)
+    warmup, steps = meta["warmup"], meta["jobs"][0]["steps"]
+    mode = {"hvd": "fifo", "prio": "priority", "spec": "adaptive"}[r["variant"]]
+    res = simulate([JobSpec(prof, 2, steps + warmup)], mode,
+                   sim_check._link(meta, overhead=overhead), sim_check.PriorityConfig.from_env({}))
+    st = [{"step": k, "t_start": s.start, "t_end": s.end, "warmup": k < warmup,
+           "cpu_start": 0.0, "cpu_end": 0.1} for k, s in enumerate(res.steps[0])]
+    lo, hi = st[warmup]["t_start"], st[-1]["t_end"]
+    waits = {} if mode == "fifo" else {"job0": {"allreduce_union_s": sum(
+        max(0.0, min(b, hi) - max(a, lo)) for a, b in res.comm_spans[0])}}
+    return dict(r, label="x", status="ok", error=None, rate=meta["rate"], loadavg_before=1.0,
+                loadavg_after=1.0, arbiter_waits=waits,
+                jobs=[{"name": "job0", "impl": "prio", "steps": st, "meta": {}}])
+
+
+def test_the_sweeps_calibration_gives_the_simulator_its_job_side_costs(tmp_path, monkeypatch,
+                                                                        capsys):
+    """The sim-calibration scenario (one job alone, hvd/prio/spec) measures the
+    per-collective overhead on its trace's time in flight; the class scenario's
+    simulator check runs with it (recorded beside the table), and --resim rebuilds
+    the same check from the compact folder alone."""
+    ov = 0.004
+    meta = h.cluster_meta({"argv": list(next(s for s in h.SCENARIOS
+                                             if s.key == h.CALIBRATION).quick_argv)}, 1)
+
+    def cluster_exec(r, args, workroot, secret_file, progress):
+        if workroot.name == h.CALIBRATION:
+            return _simulated_cluster_run(r, meta, ov)
+        dt = 0.4 if r["variant"] == "hvd" else 0.3
+        return dict(r, label="x", status="ok", error=None, rate=args.rate, loadavg_before=1.0,
+                    loadavg_after=1.0, jobs=[_job("job0", dt, n=20), _job("job1", 0.9, t0=103.0)])
+
+    monkeypatch.setattr(h, "preflight", lambda tag: True)
+    monkeypatch.setattr(h, "check_prio_available", lambda: (True, ""))
+    from benchmarks import cgroups, testbed
+    for mod in (h.netns, testbed, cgroups):
+        monkeypatch.setattr(mod, "cleanup_stale", lambda *a, **k: [])
+    monkeypatch.setattr(cluster, "execute_run", cluster_exec)
+    out = tmp_path / "headline-cal"
+    assert h.main(["--quick", "--only", f"classes,{h.CALIBRATION}", "--out", str(out)]) == 0
+    res = results_io.load(out)
+    assert [r["title"] for r in res["rows"]] == [CLS_C1.title, CLS_C0.title]
+    cal = res["sim"]["classes"]
+    assert cal["collective_overhead_s"] == pytest.approx(ov, rel=0.15)
+    assert cal["costs"].startswith(f"measured on the {h.CALIBRATION} runs")
+    assert "Simulator: classes: compute scale" in (out / "results.md").read_text()
+    again = h.resim(out)
+    assert again["sim"]["classes"] == cal
+    for row in again["rows"]:
+        assert row["now"]["sim_s"] == pytest.approx(row["recorded"]["sim_s"], rel=1e-9)
+    # without the calibration runs: no costs, and the check says why
+    bare = json.loads(json.dumps(res))
+    bare["meta"]["scenarios"].pop(h.CALIBRATION)
+    results_io.save(tmp_path / "bare", bare, raw=False)
+    e = h.resim(tmp_path / "bare")["sim"]["classes"]
+    assert e["collective_overhead_s"] == 0.0 and "not calibrated" in e["costs"]
+    assert h.main(["--resim", str(out)]) == 0
+    assert "| simulator now (error) |" in capsys.readouterr().out
+    assert h.main(["--resim", str(tmp_path / "nope")]) == 2
+    assert "argument --resim: cannot re-check" in capsys.readouterr().err
+
+
+def test_a_calibration_run_applies_only_to_its_own_link_model_batch_and_pinning():
+    meta = {"rate": "1gbit", "model": "mlp", "batch": 64, "transport": "gloo", "pin": "job"}
+    alone = {"meta": dict(meta, rate="400mbit", pin="rack"), "runs": []}
+    costs, why = h.calibration_for(meta, alone)
+    assert costs == {} and why == ("not calibrated: the calibration run differs in "
+                                   "rate (400mbit vs 1gbit), pin (rack vs job)")
+    assert h.calibration_for(meta, None)[1].startswith("not calibrated: no run")

@@ -6,7 +6,7 @@ from dataclasses import replace
 
 import pytest
 
-from benchmarks import sim_check
+from benchmarks import sim_check, testbed
 from horovod_prio.method.config import PriorityConfig
 from horovod_prio.sim.engine import JobSpec, LinkConfig, simulate
 from horovod_prio.sim.profiles import Layer, Profile
@@ -42,7 +42,7 @@ def test_recovers_the_compute_scale_and_predicts_the_other_variants():
     pcfg = PriorityConfig.from_env({})
     meta = {"command": "test", "git": None, "date": None, "rate": "1gbit", "warmup": warmup,
             "variants": ["hvd", "spec"], "arbiter_credit": 8 << 20, "arbiter_order": "burst",
-            "starvation_bound": 8,
+            "starvation_bound": 8, "mtu": 0,     # the fake testbed: payload only
             "jobs": [{"impl": "arb", "class": None, "start": 0.0, "steps": steps, "env": {}}] * 2}
     runs = [fake_run("hvd", simulate(specs, "fifo", link), warmup),
             fake_run("spec", simulate(specs, "adaptive", link, pcfg), warmup)]
@@ -52,6 +52,12 @@ def test_recovers_the_compute_scale_and_predicts_the_other_variants():
     assert all(abs(r["error"]) < 0.02 for r in res["rows"]), res["rows"]
     assert [r["fitted"] for r in res["rows"] if r["variant"] == "spec"] == [False, False]
     assert "| spec | 0 | shared |" in sim_check.markdown(res)
+    # a record without step series (a headline folder): the medians and phases given
+    given = sim_check.check({"meta": meta, "runs": []}, prof, pcfg,
+                            measured=sim_check._measured({"meta": meta, "runs": runs}),
+                            phases=res["phases"])
+    assert given["phases"] == res["phases"] and given["phases"]
+    assert [r["sim_s"] for r in given["rows"]] == pytest.approx([r["sim_s"] for r in res["rows"]])
 
 
 def _toy(backward=0.02):
@@ -62,7 +68,7 @@ def _toy(backward=0.02):
 def _meta(jobs, variants, warmup, steps):
     return {"command": "test", "git": None, "date": None, "rate": "1gbit", "warmup": warmup,
             "variants": variants, "arbiter_credit": 8 << 20, "arbiter_order": "burst",
-            "starvation_bound": 8,
+            "starvation_bound": 8, "mtu": 0,     # the fake testbed: payload only
             "jobs": [{"impl": "arb", "class": None, "start": 0.0, "steps": steps, "env": {}}]
             * jobs}
 
@@ -337,3 +343,16 @@ def test_each_repeat_is_simulated_at_its_own_phase():
                           compute_scale=k)
     assert len(res["phases"]["hvd"]) == 2 and len(res["sim_phases"]["hvd"][1]) == 2
     assert all(abs(r["error"]) < 0.03 for r in res["rows"]), res["rows"]
+
+
+def test_the_testbed_uplink_carries_its_frames_headers():
+    """The model of a testbed run carries TCP over Ethernet at the testbed's MTU
+    (runs recorded before the runner recorded it ran on the same veths); a record
+    that says otherwise is followed. The runner records its MTU."""
+    meta = _meta(2, ["hvd"], 3, 10)
+    assert sim_check._link({k: v for k, v in meta.items() if k != "mtu"}).mtu == testbed.MTU
+    assert sim_check._link(meta).mtu == 0
+    assert sim_check._link(dict(meta, mtu=9000)).wire_factor() == pytest.approx(9014 / 8948)
+    from benchmarks import cluster
+    a = cluster.parse_args(["--job", "arb", "--repeats", "1"])
+    assert cluster.results_meta(a, ["hvd"], "x")["mtu"] == testbed.MTU == 1500

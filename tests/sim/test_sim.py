@@ -492,6 +492,53 @@ def test_boost_gives_a_job_precedence_on_the_arbitrated_link():
     assert mean(a) < mean(b)
 
 
+def test_a_class0_job_waits_for_grants_while_the_class1_job_sends():
+    """Strict classes at the product's arbiter core: the class-0 job is granted
+    only the link the class-1 job leaves (its compute phases and the gaps of its
+    backward pass), so its step grows with the class-1 job's send time and stays
+    well above the class-1 job's, which keeps close to its time alone. Both of
+    class 0 (no wait): the two jobs share the link and step alike."""
+    link = LinkConfig(bandwidth=1e9 / 8, arbiter_credit=8 << 20, mtu=1500)
+
+    def mlp(k):        # k: the gradient's size (send time) with the compute fixed
+        return Profile("mlp", (Layer("in", 400_000 * k, 0.008, 0.016),
+                               Layer("mid", 1_000_000 * k, 0.016, 0.04),
+                               Layer("out", 100_000, 0.002, 0.004)))
+
+    def steps(k, classes=(1, 0)):
+        jobs = [JobSpec(mlp(k), 2, 60, job_class=classes[0]),
+                JobSpec(mlp(4), 2, 10, start=0.5, job_class=classes[1])]
+        r = simulate(jobs, "arbiter", link, pcfg())
+        alone = statistics.median(s.seconds for s in r.steps[0][1:4])
+        return [statistics.median(window_steps(r, j)) for j in range(2)], alone
+
+    class0 = []
+    for k in (1, 2, 3, 4):
+        (hi, lo), alone = steps(k)
+        assert hi < 1.25 * alone and lo > 1.5 * hi, (k, alone, hi, lo)
+        class0.append(lo)
+    assert class0 == sorted(class0) and class0[-1] > 1.5 * class0[0], class0
+    (hi, lo), alone = steps(2, classes=(0, 0))
+    assert lo == pytest.approx(hi, rel=0.02) and hi > 1.5 * alone, (alone, hi, lo)
+
+
+def test_mtu_puts_each_frames_headers_on_the_link():
+    """With an MTU the link carries 1514 bytes per 1448 of payload (TCP/IPv4 with
+    timestamps over Ethernet, MTU 1500): a job whose step is all communication
+    takes that much longer, and so does its comm floor."""
+    prof = toy(fwd=(0.0, 0.0, 0.0), bwd=(0.0, 0.0, 0.0), params=(1_000_000, 0, 0))
+    bare = LinkConfig(bandwidth=1e8, latency=0.0, cycle_time=0.0)
+    framed = LinkConfig(bandwidth=1e8, latency=0.0, cycle_time=0.0, mtu=1500)
+    assert framed.wire_factor() == pytest.approx(1514 / 1448)
+    t0 = simulate([JobSpec(prof, 2, 3)], "fifo", bare).step_times(0)
+    t1 = simulate([JobSpec(prof, 2, 3)], "fifo", framed).step_times(0)
+    assert t1 == pytest.approx([t * 1514 / 1448 for t in t0], rel=1e-9)
+    assert t0 == pytest.approx([comm_floor(prof, 2, bare)] * 3, rel=1e-9)
+    assert comm_floor(prof, 2, framed) == pytest.approx(t1[0], rel=1e-9)
+    jumbo = LinkConfig(bandwidth=1e8, mtu=9000)
+    assert jumbo.wire_factor() == pytest.approx(9014 / 8948)
+
+
 def test_class_reserve_serves_the_higher_class_on_the_simulated_link():
     """The simulator runs the product arbiter's class reserve: a class-1 job
     beside a class-0 job steps faster with the reserve than without (the
@@ -593,6 +640,9 @@ def test_simulate_rejects_bad_arguments():
         simulate([JobSpec(toy(), 2, 1)], "arbiter", LinkConfig(arbiter_rtt=float("nan")))
     with pytest.raises(ValueError, match="arbiter_class_reserve"):
         simulate([JobSpec(toy(), 2, 1)], "arbiter", LinkConfig(arbiter_class_reserve=1))
+    for bad in (67, -1, 1500.0, True):
+        with pytest.raises(ValueError, match="mtu must be 0 .* got %r" % (bad,)):
+            simulate([JobSpec(toy(), 2, 1)], "fifo", LinkConfig(mtu=bad))
 
 
 # ------------------------------------------------------------------ CLI
@@ -613,6 +663,8 @@ def test_simulate_rejects_bad_arguments():
     (["--collective-overhead", "-1ms"], "--collective-overhead"),
     (["--arbiter-rtt", "soon"], "--arbiter-rtt"),
     (["--arbiter-class-reserve", "1"], "--arbiter-class-reserve"),
+    (["--mtu", "67"], "--mtu"),
+    (["--mtu", "1.5k"], "--mtu"),
     (["--jitter", "1.5"], "--jitter"),
     (["--jobs", "3", "--steps", "1,2"], "--steps"),
 ])
@@ -648,6 +700,9 @@ def test_cli_job_side_costs_reach_the_model(tmp_path):
         assert mean_step(mode, "--collective-overhead", "20ms") > mean_step(mode) + 0.019
     assert mean_step("arbiter", "--arbiter-rtt", "20ms") > mean_step("arbiter") + 0.019
     assert mean_step("priority", "--arbiter-rtt", "20ms") == mean_step("priority")
+    # --mtu: the frames' headers on a slow link (comm-bound: the step grows with them)
+    slow = ("--bandwidth", "100mbit", "--jitter", "0")
+    assert mean_step("fifo", *slow, "--mtu", "1500") > 1.03 * mean_step("fifo", *slow)
 
 
 def test_cli_dispatch_and_validate(tmp_path, capsys):
