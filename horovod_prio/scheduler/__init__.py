@@ -24,7 +24,7 @@ __all__ = ["Scheduler", "SchedulerError", "library_path", "STATS_FIELDS", "UNLIM
            "CANCEL_RESULTS"]
 
 LIBRARY = "libhvdprio_scheduler.so"
-API_VERSION = 2
+API_VERSION = 3
 #: ``credit_bytes`` value meaning "no byte limit".
 UNLIMITED = (1 << 63) - 1
 STATS_FIELDS = (
@@ -43,6 +43,9 @@ BUILD_HINT = ("build it with `make install` or `pip install --no-build-isolation
 _REQUEST_CB = ctypes.CFUNCTYPE(None, ctypes.c_uint64, ctypes.c_char_p, ctypes.c_int64,
                                ctypes.c_int64)
 _TICKET_CB = ctypes.CFUNCTYPE(None, ctypes.c_uint64)
+_GRANT_CB = ctypes.CFUNCTYPE(None, ctypes.c_uint64)
+_LOG_CB = ctypes.CFUNCTYPE(None, ctypes.c_int, ctypes.c_char_p)
+_STEPS_CB = ctypes.CFUNCTYPE(ctypes.c_int64)
 
 # Module state that stays here rather than in the runtime (the owner of the
 # process's settings): the loaded library (one per process, like any shared
@@ -104,6 +107,23 @@ def _load():
             "hvdprio_stats_fields": (ctypes.c_char_p, []),
             "hvdprio_stats": (c_int, [h, i64p, c_int]),
             "hvdprio_reset": (c_int, [h]),
+            # the native arbiter client (arbiter_client.py)
+            "hvdprio_arbiter_counter_fields": (ctypes.c_char_p, []),
+            "hvdprio_arbiter_new": (h, [ctypes.c_char_p, c_int, ctypes.c_char_p, ctypes.c_char_p,
+                                        ctypes.c_char_p, i64, ctypes.c_int32,
+                                        ctypes.POINTER(ctypes.c_double), c_int, h,
+                                        _GRANT_CB, _LOG_CB]),
+            "hvdprio_arbiter_request": (c_int, [h, u64, i64, u64, ctypes.c_char_p, i64, u64]),
+            "hvdprio_arbiter_complete": (c_int, [h, u64]),
+            "hvdprio_arbiter_cancel": (c_int, [h, u64]),
+            "hvdprio_arbiter_attach": (c_int, [h]),
+            "hvdprio_arbiter_set_steps": (None, [h, _STEPS_CB]),
+            "hvdprio_arbiter_state": (c_int, [h]),
+            "hvdprio_arbiter_counters": (c_int, [h, ctypes.POINTER(ctypes.c_double), c_int]),
+            "hvdprio_arbiter_close": (None, [h, ctypes.c_double]),
+            "hvdprio_arbiter_free": (None, [h]),
+            "hvdprio_hmac_sha256": (None, [ctypes.c_char_p, i64, ctypes.c_char_p, i64,
+                                           ctypes.c_char_p]),
         }
         try:
             for name, (res, args) in sigs.items():
