@@ -634,8 +634,9 @@ class ArbiterClient:
             raise P.ProtocolError("unknown message type 0x%02x from arbiter" % kind)
 
 
-def client_from_config(cfg, on_grant, **kwargs):
-    """An :class:`ArbiterClient` from a ``PriorityConfig`` (fields ``arbiter``,
+def client_from_config(cfg, on_grant, client_cls=None, **kwargs):
+    """An :class:`ArbiterClient` (or ``client_cls``, a class with its
+    constructor, e.g. the native client) from a ``PriorityConfig`` (fields ``arbiter``,
     ``link``, ``job_id``, ``arbiter_secret`` or ``arbiter_secret_file``,
     ``arbiter_timeout``, ``job_priority``), or ``None`` when the job has not
     opted in (``arbiter`` or ``link`` unset).
@@ -659,7 +660,8 @@ def client_from_config(cfg, on_grant, **kwargs):
     job_id = getattr(cfg, "job_id", None) or "%s-%d" % (socket.gethostname(), os.getpid())
     timeout = getattr(cfg, "arbiter_timeout", None) or 0.05
     kwargs.setdefault("job_class", getattr(cfg, "job_priority", None) or 0)
-    return ArbiterClient(address, link, job_id, secret, on_grant, timeout=timeout, **kwargs)
+    return (client_cls or ArbiterClient)(address, link, job_id, secret, on_grant, timeout=timeout,
+                                         **kwargs)
 
 
 def _strerror(err):
