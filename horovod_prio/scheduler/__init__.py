@@ -94,6 +94,7 @@ def _load():
             "hvdprio_set_tracing": (None, [h, c_int]),
             "hvdprio_set_max_events": (None, [h, i64]),
             "hvdprio_submit": (u64, [h, ctypes.c_char_p, i64, i64]),
+            "hvdprio_submit_notify": (u64, [h, ctypes.c_char_p, i64, i64, c_int]),
             "hvdprio_take_released": (i64, [h, ctypes.POINTER(u64), i64]),
             "hvdprio_take_requests": (i64, [h, ctypes.POINTER(u64), i64p, i64p, i64]),
             "hvdprio_complete": (c_int, [h, ctypes.c_char_p]),
@@ -218,6 +219,17 @@ class Scheduler:
         _check_int(priority, "submit: priority", -(1 << 63), (1 << 63) - 1)
         _check_int(nbytes, "submit: nbytes", 0)
         return int(self._lib.hvdprio_submit(self._h, raw, priority, nbytes))
+
+    def submit_notify(self, name, priority, nbytes, fd):
+        """Submit a chunk whose release writes its ticket (8 bytes, native byte
+        order) to the file descriptor ``fd`` (e.g. a pipe's write end), so a
+        caller can block in ``os.read`` until it is released; returns the ticket.
+        The chunk never appears in :meth:`take_released`."""
+        raw = _check_name(name, "submit_notify")
+        _check_int(priority, "submit_notify: priority", -(1 << 63), (1 << 63) - 1)
+        _check_int(nbytes, "submit_notify: nbytes", 0)
+        _check_int(fd, "submit_notify: fd", 0, (1 << 31) - 1)
+        return int(self._lib.hvdprio_submit_notify(self._h, raw, priority, nbytes, fd))
 
     def take_released(self):
         """Tickets released since the last call, in release order."""

@@ -1,8 +1,11 @@
 // C API of the horovod_prio release scheduler (see c_api.h).
 #include "c_api.h"
 
+#include <unistd.h>
+
 #include <cstdio>
 #include <cstring>
+#include <memory>
 #include <deque>
 #include <mutex>
 #include <stdexcept>
@@ -90,6 +93,35 @@ uint64_t hvdprio_submit(hvdprio_scheduler* h, const char* name, int64_t priority
                         int64_t bytes) {
   if (name == nullptr || bytes < 0) return 0;
   return h->s->Submit(name, priority, bytes);
+}
+
+uint64_t hvdprio_submit_notify(hvdprio_scheduler* h, const char* name, int64_t priority,
+                               int64_t bytes, int fd) {
+  if (name == nullptr || bytes < 0 || fd < 0) return 0;
+  // The release may run inside Submit, before its ticket is known: then the
+  // notice is written once Submit returned.
+  struct Notice {
+    std::mutex mu;
+    uint64_t ticket = 0;
+    bool released = false;
+  };
+  auto notice = std::make_shared<Notice>();
+  auto write_ticket = [fd](uint64_t t) {
+    ssize_t k = ::write(fd, &t, sizeof t);
+    (void)k;
+  };
+  const uint64_t ticket = h->s->Submit(name, priority, bytes, [notice, write_ticket]() {
+    std::lock_guard<std::mutex> lk(notice->mu);
+    if (notice->ticket != 0) {
+      write_ticket(notice->ticket);
+    } else {
+      notice->released = true;
+    }
+  });
+  std::lock_guard<std::mutex> lk(notice->mu);
+  notice->ticket = ticket;
+  if (notice->released) write_ticket(ticket);
+  return ticket;
 }
 
 int64_t hvdprio_take_released(hvdprio_scheduler* h, uint64_t* out, int64_t n) {

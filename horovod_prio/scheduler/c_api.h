@@ -37,6 +37,13 @@ void hvdprio_set_max_events(hvdprio_scheduler* h, int64_t max_events);
 // submit returns the ticket (> 0), or 0 if bytes < 0.
 uint64_t hvdprio_submit(hvdprio_scheduler* h, const char* name, int64_t priority,
                         int64_t bytes);
+// Submit with a pushed release: when the chunk is released, its ticket (8
+// bytes, host byte order) is written to fd (a pipe or socket the caller
+// reads; a full one loses the notice, so size it for the chunks in flight).
+// For callers that block until a release instead of polling.  Returns the
+// ticket, or 0 if bytes < 0 or fd < 0.
+uint64_t hvdprio_submit_notify(hvdprio_scheduler* h, const char* name, int64_t priority,
+                               int64_t bytes, int fd);
 // Moves up to n released tickets into out (oldest first); returns how many.
 // Call again while it returns n.
 int64_t hvdprio_take_released(hvdprio_scheduler* h, uint64_t* out, int64_t n);
