@@ -48,10 +48,10 @@ rank 0's scheduler; it submits one chunk at a time through the scheduler's C
 API (the chunk passes the local rule and is requested at the arbiter), and
 the round trip is read from the scheduler's own trace: from the chunk's
 ``request`` event to its ``release`` event (the grant applied in the
-scheduler), both stamped inside the scheduler. The job notices the release
-by polling (first after ``POLL_FIRST`` s, then every ``POLL_STEP`` s; the
-poll is not part of the measured time), completes the chunk and sleeps the
-rest of ``--interval``. Interleave both paths with
+scheduler), both stamped inside the scheduler. The job blocks until the release
+(``Scheduler.submit_notify``: the release writes the ticket to a pipe, as
+the TensorFlow kernels' release callback wakes their op), completes the
+chunk and sleeps ``--interval``, like the other jobs. Interleave both paths with
 ``benchmarks.arbiter_rtt_matrix --configs python/sched-native,python/sched-python``.
 
 ``--profile`` (Python jobs; server ``python`` or ``native``) times every stage
@@ -172,10 +172,6 @@ def _job(idx, addr, samples, interval, warmup, q, start_evt, profile=False, tree
     q.put((idx, rtts, c))
 
 
-POLL_FIRST = 0.0003   # s after a submit before the job first looks for the release
-POLL_STEP = 0.0001
-
-
 def _sched_job(kind, idx, addr, samples, interval, warmup, q, start_evt, profile=False,
                tree=None):
     """A job on the product's path: scheduler + ArbiterLink (``kind``: the
@@ -197,26 +193,26 @@ def _sched_job(kind, idx, addr, samples, interval, warmup, q, start_evt, profile
         al.close()
         q.put((idx, None, "job %d could not connect" % idx))
         return
+    import select
+    import struct
+    r, w = os.pipe()
     start_evt.wait(30)
     cpu0 = time.process_time()
     tickets = []
     for i in range(warmup + samples):
-        t = s.submit("c%d" % (i % 64), 100 + (i % 7), 1 << 16)
-        t_sub = time.monotonic()
-        time.sleep(POLL_FIRST)
-        while t not in s.take_released():
-            if time.monotonic() - t_sub > 5:
-                al.close()
-                q.put((idx, None, "job %d: no release within 5 s" % idx))
-                return
-            time.sleep(POLL_STEP)
+        t = s.submit_notify("c%d" % (i % 64), 100 + (i % 7), 1 << 16, w)
+        if not select.select([r], [], [], 5)[0] or struct.unpack("=Q", os.read(r, 8))[0] != t:
+            al.close()
+            q.put((idx, None, "job %d: no release of chunk %d within 5 s" % (idx, i)))
+            return
         s.complete_ticket(t)
         if i >= warmup:
             tickets.append(t)
-        rest = interval - (time.monotonic() - t_sub)
-        if rest > 0:
-            time.sleep(rest)
+        if interval:
+            time.sleep(interval)
     cpu = time.process_time() - cpu0
+    os.close(r)
+    os.close(w)
     c = dict(al.counters)
     al.close()
     at = {}
