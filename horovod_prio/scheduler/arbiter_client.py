@@ -16,8 +16,10 @@ same suite that way).
 Messages go to the logger ``horovod_prio.arbiter`` (from whichever thread
 produced them, never under the client's lock).
 """
+import atexit
 import ctypes
 import logging
+import weakref
 
 from horovod_prio.arbiter import protocol as P
 from horovod_prio.arbiter.transport import parse_address
@@ -55,6 +57,18 @@ def _emit(level, msg):
 
 # one logging thunk for every client (never freed: the I/O threads may log at exit)
 _LOG_THUNK = _LOG_CB(_emit)
+# clients not closed yet: closed at exit, so no I/O thread calls into an
+# interpreter that is shutting down (the runtime closes its link earlier)
+_live = weakref.WeakSet()
+
+
+@atexit.register
+def _close_all():
+    for c in list(_live):
+        try:
+            c.close(1.0)
+        except Exception:  # noqa: BLE001 - best effort at exit
+            pass
 
 
 def hmac_sha256(key, msg):
@@ -110,6 +124,7 @@ class NativeArbiterClient:
             raise ValueError("native arbiter client rejected its settings (address %r, timing %r)"
                              % (address, list(timing)))
         self._fields = tuple(self._lib.hvdprio_arbiter_counter_fields().decode().split(","))
+        _live.add(self)
 
     # ================================================================ API
     def request(self, key, priority, nbytes, label="", step=0):
@@ -174,6 +189,7 @@ class NativeArbiterClient:
         if self._closed:
             return
         self._closed = True
+        _live.discard(self)
         self._lib.hvdprio_arbiter_close(self._h, float(timeout))
 
     def _handle(self):
