@@ -253,3 +253,18 @@ def test_native_counters_are_json_and_match_the_python_clients_names():
     finally:
         py.close()
         nat.close()
+
+
+@pytest.mark.parametrize("klen", [1, 32, 63, 64, 65, 100, 300])
+def test_native_hmac_matches_the_standard_library(klen):
+    """The client's own HMAC-SHA256 (sha256.h) against Python's, for keys
+    shorter, as long as and longer than a block (longer ones are hashed first)
+    and messages across the padding boundaries."""
+    import hashlib
+    import hmac
+    from horovod_prio.scheduler.arbiter_client import hmac_sha256
+    key = hashlib.sha512(b"k%d" % klen).digest() * (klen // 64 + 1)
+    key = key[:klen]
+    for mlen in (0, 1, 9 + 27, 55, 56, 63, 64, 65, 119, 120, 1000):
+        msg = bytes((i * 7 + mlen) & 0xFF for i in range(mlen))
+        assert hmac_sha256(key, msg) == hmac.digest(key, msg, "sha256"), (klen, mlen)
