@@ -1,6 +1,7 @@
-"""The native grant path (config.arbiter_client = "native") against arbiter
-*processes*: a scheduler in external-grant mode whose requests the C++ client
-sends and whose chunks its I/O thread releases.
+"""The grant path against arbiter *processes*: a scheduler in external-grant
+mode joined by ArbiterLink, with the native client (config.arbiter_client =
+"native": the C++ client sends the requests and its I/O thread releases the
+chunks) and, for comparison, the Python client.
 
 * a real arbiter (``horovod-prio arbiter``): a grant releases the chunk; a
   withdrawn chunk is cancelled at the arbiter at once;
@@ -113,14 +114,19 @@ def stop(p):
     p.wait(10)
 
 
-def native_link(addr, **kw):
+@pytest.fixture(params=["native", "python"])
+def kind(request):
+    return request.param
+
+
+def native_link(addr, kind="native", **kw):
     s = Scheduler()
     s.configure(1 << 20, True)
     cfg = PriorityConfig.from_env({}, arbiter="%s:%d" % addr, link="L", job_id="job-n",
                                   arbiter_secret=SECRET, arbiter_timeout=2.0,
-                                  arbiter_client="native", **kw)
+                                  arbiter_client=kind, **kw)
     al = ArbiterLink.attach(s, cfg)
-    assert al.native
+    assert al.native == (kind == "native")
     assert wait_until(lambda: al.client.connected), "the native client did not register"
     return s, al
 
@@ -133,10 +139,10 @@ def released(s, ticket):
     return wait_until(lambda: ticket in s.take_released())
 
 
-def test_grant_releases_the_chunk_and_a_withdrawn_chunk_is_cancelled_at_once():
+def test_grant_releases_the_chunk_and_a_withdrawn_chunk_is_cancelled_at_once(kind):
     p, addr = start_arbiter()
     hog = None
-    s, al = native_link(addr)
+    s, al = native_link(addr, kind)
     try:
         t1 = s.submit("a", 1, 10)
         assert released(s, t1)                          # the arbiter's grant released it
@@ -164,10 +170,10 @@ def test_grant_releases_the_chunk_and_a_withdrawn_chunk_is_cancelled_at_once():
         stop(p)
 
 
-def test_arbiter_killed_then_restarted(caplog):
+def test_arbiter_killed_then_restarted(kind, caplog):
     p, addr = start_arbiter()
     p2 = None
-    s, al = native_link(addr)
+    s, al = native_link(addr, kind)
     try:
         t1 = s.submit("a", 1, 100)                      # the link's whole credit
         assert released(s, t1)
@@ -200,11 +206,11 @@ def test_arbiter_killed_then_restarted(caplog):
             stop(p2)
 
 
-def test_grant_for_a_ticket_never_requested_releases_nothing_and_is_logged(caplog):
+def test_grant_for_a_ticket_never_requested_releases_nothing_and_is_logged(kind, caplog):
     p, addr = start_liar("unknown")
     try:
         with caplog.at_level(logging.WARNING, logger=LOGGER):
-            s, al = native_link(addr)
+            s, al = native_link(addr, kind)
             try:
                 t = s.submit("a", 1, 10)
                 assert wait_until(lambda: al.counters["ignored_grants"] == 1)
@@ -222,11 +228,11 @@ def test_grant_for_a_ticket_never_requested_releases_nothing_and_is_logged(caplo
         stop(p)
 
 
-def test_grant_with_a_bad_mac_is_rejected_and_the_chunk_granted_locally(caplog):
+def test_grant_with_a_bad_mac_is_rejected_and_the_chunk_granted_locally(kind, caplog):
     p, addr = start_liar("forged")
     try:
         with caplog.at_level(logging.WARNING, logger=LOGGER):
-            s, al = native_link(addr)
+            s, al = native_link(addr, kind)
             try:
                 t = s.submit("a", 1, 10)
                 assert released(s, t)                   # the local fallback grant
