@@ -23,7 +23,8 @@ from setuptools.command.build_ext import build_ext
 SCHED_DIR = os.path.join("horovod_prio", "scheduler")
 KERNEL_DIR = os.path.join("horovod_prio", "tensorflow", "kernels")
 SCHEDULER = Extension("horovod_prio.scheduler.libhvdprio_scheduler",
-                      [os.path.join(SCHED_DIR, f) for f in ("scheduler.cc", "c_api.cc")])
+                      [os.path.join(SCHED_DIR, f)
+                       for f in ("scheduler.cc", "arbiter_client.cc", "c_api.cc")])
 KERNELS = Extension("horovod_prio.tensorflow.kernels.libhvdprio_tf_kernels",
                     [os.path.join(KERNEL_DIR, "ops.cc"),
                      os.path.join(KERNEL_DIR, "overlap.cc")])  # barrier crossing (docs/overlap.md)

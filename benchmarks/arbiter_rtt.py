@@ -40,6 +40,20 @@ thread that reads the socket and hands the grant over (the structure of
 round trip can be split into the Python server, the Python client and the
 VM/kernel.
 
+The product's own path (``--client sched-native`` / ``sched-python``): each
+job is a scheduler (``horovod_prio.scheduler.Scheduler``, hold on, a 1 GiB
+local credit, tracing on) joined to the arbiter by ``ArbiterLink.attach`` with
+``arbiter_client`` = ``native`` or ``python``, exactly as the runtime joins
+rank 0's scheduler; it submits one chunk at a time through the scheduler's C
+API (the chunk passes the local rule and is requested at the arbiter), and
+the round trip is read from the scheduler's own trace: from the chunk's
+``request`` event to its ``release`` event (the grant applied in the
+scheduler), both stamped inside the scheduler. The job blocks until the release
+(``Scheduler.submit_notify``: the release writes the ticket to a pipe, as
+the TensorFlow kernels' release callback wakes their op), completes the
+chunk and sleeps ``--interval``, like the other jobs. Interleave both paths with
+``benchmarks.arbiter_rtt_matrix --configs python/sched-native,python/sched-python``.
+
 ``--profile`` (Python jobs; server ``python`` or ``native``) times every stage
 of each round trip (``benchmarks/rtt_probe.py``: client send, server wake-up,
 recv, MAC, policy, seal, send, client I/O-thread wake-up, verify, hand-off)
@@ -156,6 +170,72 @@ def _job(idx, addr, samples, interval, warmup, q, start_evt, profile=False, tree
             recs.append((i, r))
         c["profile"] = recs
     q.put((idx, rtts, c))
+
+
+def _sched_job(kind, idx, addr, samples, interval, warmup, q, start_evt, profile=False,
+               tree=None):
+    """A job on the product's path: scheduler + ArbiterLink (``kind``: the
+    ``arbiter_client``); round trip = the scheduler's request -> release events."""
+    _use_tree(tree)
+    from horovod_prio.method.config import PriorityConfig
+    from horovod_prio.runtime.arbiter_link import ArbiterLink
+    from horovod_prio.scheduler import Scheduler
+    s = Scheduler()
+    s.configure(1 << 30, True)
+    s.set_tracing(True)
+    cfg = PriorityConfig.from_env({}, arbiter=addr, link="link0", job_id="job%d" % idx,
+                                  arbiter_secret=SECRET, arbiter_timeout=0.5, arbiter_client=kind)
+    al = ArbiterLink.attach(s, cfg)
+    deadline = time.monotonic() + 10
+    while not al.client.connected and time.monotonic() < deadline:
+        time.sleep(0.01)
+    if not al.client.connected:
+        al.close()
+        q.put((idx, None, "job %d could not connect" % idx))
+        return
+    import select
+    import struct
+    r, w = os.pipe()
+    start_evt.wait(30)
+    cpu0 = time.process_time()
+    tickets = []
+    for i in range(warmup + samples):
+        t = s.submit_notify("c%d" % (i % 64), 100 + (i % 7), 1 << 16, w)
+        if not select.select([r], [], [], 5)[0] or struct.unpack("=Q", os.read(r, 8))[0] != t:
+            al.close()
+            q.put((idx, None, "job %d: no release of chunk %d within 5 s" % (idx, i)))
+            return
+        s.complete_ticket(t)
+        if i >= warmup:
+            tickets.append(t)
+        if interval:
+            time.sleep(interval)
+    cpu = time.process_time() - cpu0
+    os.close(r)
+    os.close(w)
+    c = dict(al.counters)
+    al.close()
+    at = {}
+    for e in s.drain_events():
+        if e["kind"] in ("request", "release"):
+            at[(e["ticket"], e["kind"])] = e["t_us"]
+    rtts = [(at[(t, "release")] - at[(t, "request")]) * 1000 for t in tickets
+            if (t, "release") in at and (t, "request") in at]
+    if len(rtts) != len(tickets):
+        q.put((idx, None, "job %d: %d of %d round trips missing in the trace"
+               % (idx, len(tickets) - len(rtts), len(tickets))))
+        return
+    c["cpu_seconds"] = cpu
+    c["arbiter_client"] = "native" if al.native else "python"
+    q.put((idx, rtts, c))
+
+
+def _sched_native_job(*a):
+    _sched_job("native", *a)
+
+
+def _sched_python_job(*a):
+    _sched_job("python", *a)
 
 
 def _echo_server(port_q, stop_evt):
@@ -359,7 +439,8 @@ def host_load(before, after, own_cpu_seconds):
 # ---------------------------------------------------------------- servers
 
 SERVERS = ("python", "native", "echo", "native-echo", "grpc")
-CLIENTS = ("python", "native", "native-io-thread")
+CLIENTS = ("python", "native", "native-io-thread", "sched-native", "sched-python")
+_SCHED_JOBS = {"sched-native": _sched_native_job, "sched-python": _sched_python_job}
 _ARBITER_PROTO = ("python", "native")
 
 
@@ -470,10 +551,11 @@ def _python_clients(args, servers):
     q = ctx.Queue()
     start_evt = ctx.Event()
     job = _job if args.server in _ARBITER_PROTO else _grpc_job if args.server == "grpc" else _echo_job
+    job = _SCHED_JOBS.get(args.client, job)
     procs = []
     for i in range(args.jobs):
         srv, tree = _job_side(args, servers, i)
-        target = srv.addr if job is _job else srv.port
+        target = srv.addr if job is _job or args.client in _SCHED_JOBS else srv.port
         procs.append(ctx.Process(target=job, args=(i, target, args.samples, args.interval,
                                                    args.warmup, q, start_evt)
                                  + ((args.profile, tree) if job is not _grpc_job else ())))
@@ -606,7 +688,7 @@ def run(args):
     try:
         if args.ab_tree and args.server == "python":
             servers.append(_Server(args, tree=args.ab_tree))
-        if args.client == "python":
+        if args.client == "python" or args.client in _SCHED_JOBS:
             all_rtts, errors, counters, (h0, h1), client_cpu = _python_clients(args, servers)
         else:
             all_rtts, errors, counters, (h0, h1), client_cpu = _native_clients(args, servers)
@@ -619,6 +701,9 @@ def run(args):
     n_grants = args.jobs * (args.samples + args.warmup)
     if args.ab_tree:
         extra["ab"] = _ab_summary(args, counters, cpus)
+    kinds = sorted({c["arbiter_client"] for c in counters.values() if "arbiter_client" in c})
+    if kinds:                                   # --client sched-*: the client the jobs ran
+        extra["arbiter_client"] = kinds
     for c in counters.values():
         c.pop("rtts", None)
     extra.update({
@@ -703,7 +788,10 @@ def parse_args(argv=None):
                          "native-echo: C echo of frames; grpc: grpcio bidi-stream echo")
     ap.add_argument("--client", choices=CLIENTS, default="python",
                     help="python: ArbiterClient (echo job against an echo); native: C job "
-                         "processes; native-io-thread: C jobs with an I/O thread")
+                         "processes; native-io-thread: C jobs with an I/O thread; "
+                         "sched-native / sched-python: the product's path, a scheduler joined "
+                         "by ArbiterLink with arbiter_client native / python (request -> "
+                         "release in the scheduler's trace)")
     ap.add_argument("--grpc", action="store_true",
                     help="= --server grpc (the transport not chosen; raw bytes, no auth/policy)")
     ap.add_argument("--baseline", action="store_true",
@@ -738,6 +826,10 @@ def parse_args(argv=None):
         ap.error("--jobs and --samples must be >= 1, --warmup and --interval >= 0")
     if args.server == "grpc" and args.client != "python":
         ap.error("--server grpc takes only --client python")
+    if args.client in _SCHED_JOBS and (args.server not in _ARBITER_PROTO or args.ab_tree
+                                       or args.profile):
+        ap.error("--client %s (the scheduler's path) needs --server python or native, and "
+                 "takes no --ab-tree or --profile" % args.client)
     if args.profile and (args.client != "python" or args.server not in _ARBITER_PROTO):
         ap.error("--profile times the Python ArbiterClient: --client python with --server "
                  "python or native")

@@ -45,7 +45,9 @@ Exactly once: only the I/O thread delivers ``on_grant``, and only for a
 request whose grant was decided (by the arbiter's GRANT in the current
 session, or locally) and which was not cancelled meanwhile; falling back
 closes the connection first, so no GRANT of an old session can arrive after a
-local grant, and a GRANT for anything not waiting is ignored.
+local grant, and a GRANT for anything not waiting is ignored (with a warning
+when the key was never requested: not pending and not among the last
+``_RECENT_KEYS`` finished ones, whose late grants are expected).
 """
 import collections
 import logging
@@ -64,6 +66,7 @@ log = logging.getLogger("horovod_prio.arbiter")
 CONNECTING, HANDSHAKE, READY, BACKOFF, CLOSED = "connecting", "handshake", "ready", "backoff", "closed"
 
 _MAX_OUTBUF = 1 << 20
+_RECENT_KEYS = 4096     # finished keys remembered: a GRANT for one is late, not a lie
 # request states
 _HELD, _SENT, _QUEUED, _GRANTED = 0, 1, 2, 3
 
@@ -145,6 +148,8 @@ class ArbiterClient:
         self._unacked = collections.OrderedDict()   # key -> ack deadline, send order
         self._held = collections.OrderedDict()      # key -> renewal due, arbiter grants held
         self._due = []                              # granted _Req to deliver (I/O thread)
+        self._recent = collections.OrderedDict()    # keys finished lately (late GRANTs expected)
+        self._lie_warned = False
         self._c = {"requests": 0, "grants": 0, "arbiter_grants": 0, "fallback_grants": 0,
                    "wait_seconds_total": 0.0, "wait_seconds_max": 0.0, "outages": 0,
                    "reconnects": 0, "max_wait_cancels": 0, "cancels": 0, "renewals": 0,
@@ -179,6 +184,7 @@ class ArbiterClient:
             if key in self._reqs:
                 raise ValueError("key %d is already pending or granted" % key)
             req = self._reqs[key] = self._waiting[key] = _Req(key, label, priority, nbytes, now, step)
+            self._recent.pop(key, None)
             self._c["requests"] += 1
             if self._state == READY:
                 self._send_request(req, now)
@@ -298,6 +304,9 @@ class ArbiterClient:
         """Drop a completed/cancelled request; tell the arbiter if it knows it."""
         del self._reqs[req.key]
         self._waiting.pop(req.key, None)
+        self._recent[req.key] = None
+        if len(self._recent) > _RECENT_KEYS:
+            self._recent.popitem(last=False)
         if req.state == _GRANTED and not self._outstanding():
             self._own_clear_t = time.monotonic()
         self._unacked.pop(req.key, None)
@@ -617,6 +626,14 @@ class ArbiterClient:
             if req is None or req.session != self._session_no:
                 if kind == P.T_GRANT:   # withdrawn, or granted locally (max_wait) meanwhile
                     self._c["ignored_grants"] += 1
+                    if req is None and key not in self._reqs and key not in self._recent:
+                        # never requested by this job: a confused or lying arbiter
+                        log.log(logging.DEBUG if self._lie_warned else logging.WARNING,
+                                "arbiter client %s: the arbiter granted token %d, which this job "
+                                "never requested; ignored%s", self.job_id, key,
+                                "" if self._lie_warned else
+                                " (further cases logged at debug level)")
+                        self._lie_warned = True
                 return
             if kind == P.T_GRANT:
                 self._grant(req, now, local=False)
@@ -634,8 +651,9 @@ class ArbiterClient:
             raise P.ProtocolError("unknown message type 0x%02x from arbiter" % kind)
 
 
-def client_from_config(cfg, on_grant, **kwargs):
-    """An :class:`ArbiterClient` from a ``PriorityConfig`` (fields ``arbiter``,
+def client_from_config(cfg, on_grant, client_cls=None, **kwargs):
+    """An :class:`ArbiterClient` (or ``client_cls``, a class with its
+    constructor, e.g. the native client) from a ``PriorityConfig`` (fields ``arbiter``,
     ``link``, ``job_id``, ``arbiter_secret`` or ``arbiter_secret_file``,
     ``arbiter_timeout``, ``job_priority``), or ``None`` when the job has not
     opted in (``arbiter`` or ``link`` unset).
@@ -659,7 +677,8 @@ def client_from_config(cfg, on_grant, **kwargs):
     job_id = getattr(cfg, "job_id", None) or "%s-%d" % (socket.gethostname(), os.getpid())
     timeout = getattr(cfg, "arbiter_timeout", None) or 0.05
     kwargs.setdefault("job_class", getattr(cfg, "job_priority", None) or 0)
-    return ArbiterClient(address, link, job_id, secret, on_grant, timeout=timeout, **kwargs)
+    return (client_cls or ArbiterClient)(address, link, job_id, secret, on_grant, timeout=timeout,
+                                         **kwargs)
 
 
 def _strerror(err):

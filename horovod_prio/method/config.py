@@ -179,6 +179,16 @@ def _p_arbiter(v):
     return s
 
 
+ARBITER_CLIENTS = ("native", "python")
+
+
+def _p_arbiter_client(v):
+    rule = "one of 'native', 'python'"
+    if isinstance(v, str) and v.strip().lower() in ARBITER_CLIENTS:
+        return v.strip().lower()
+    raise _Bad(rule)
+
+
 def _knob(default, parse, doc, *, process=False, env=None, shown=None, secret=False):
     """One field's declaration: ``default`` (``None``: the field may be
     ``None``, and is when not given), ``parse`` (non-``None`` values; raises
@@ -288,6 +298,11 @@ class PriorityConfig:
     arbiter_timeout: float = _knob(
         0.05, _unit(units.parse_float, 0.0, strict=True, unit=" (seconds)"),
         "seconds before an unanswered arbiter is bypassed", process=True)
+    arbiter_client: str = _knob(
+        "native", _p_arbiter_client,
+        "which client talks to the arbiter: `native` (C++ in the scheduler library: requests "
+        "sent and grants released without Python) or `python` (`arbiter/client.py`, the "
+        "reference) ([arbiter.md](arbiter.md#the-job-side-client))", process=True)
     overlap: Optional[bool] = _knob(
         None, _unit(units.parse_bool),
         "barrier crossing: unset = as `hvd.overlap(...)` says, `0` = `hvd.overlap` is a "

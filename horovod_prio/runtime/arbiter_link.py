@@ -26,6 +26,17 @@ the job's training step (:attr:`ArbiterLink.steps`, the step clock's count of
 steps begun, set by the runtime once a monitor exists; untagged without one)
 so that the arbiter's burst order treats a step as one burst, gaps in its
 backward pass included.
+
+Two clients (``config.arbiter_client``): ``native`` (the default) is the
+scheduler library's C++ client
+(:class:`~horovod_prio.scheduler.arbiter_client.NativeArbiterClient`),
+hooked into the scheduler itself: the request is sealed and sent by the
+thread that passed the chunk through the local rule, the client's I/O thread
+releases the chunk on the grant, and the step tag is read from the step
+clock's C counter -- no Python and no GIL on the grant path; the callbacks
+below are then not used. ``python`` is
+:class:`~horovod_prio.arbiter.client.ArbiterClient` behind the callbacks
+below. Both behave the same (one test suite runs against both).
 """
 import logging
 import threading
@@ -38,11 +49,12 @@ log = logging.getLogger("horovod_prio")
 class ArbiterLink:
     """The attached client plus the scheduler callbacks (one per process)."""
 
-    def __init__(self, scheduler, client, address, link):
+    def __init__(self, scheduler, client, address, link, native=False):
         self.scheduler = scheduler
         self.client = client
         self.address = address
         self.link = link
+        self.native = native       # the native client releases chunks itself (no callbacks here)
         self.job_id = client.job_id
         self.steps = None          # () -> steps begun in this process (the request's step tag)
         self.callback_errors = 0   # request/complete/cancel calls that raised
@@ -53,10 +65,25 @@ class ArbiterLink:
 
     @classmethod
     def attach(cls, scheduler, config):
-        """Join ``config.link`` at ``config.arbiter``; ``None`` if the job did not opt in."""
+        """Join ``config.link`` at ``config.arbiter`` with ``config.arbiter_client``;
+        ``None`` if the job did not opt in."""
         if not config.arbiter:
             return None
         from horovod_prio.arbiter.client import client_from_config
+        if getattr(config, "arbiter_client", "native") == "native":
+            from horovod_prio.scheduler.arbiter_client import NativeArbiterClient
+            client = client_from_config(config, on_grant=None, client_cls=NativeArbiterClient,
+                                        scheduler=scheduler)
+            al = cls(scheduler, client, config.arbiter, config.link, native=True)
+            try:
+                client.attach()
+                scheduler.set_external_grant(True)
+            except BaseException:
+                al.close()
+                raise
+            log.info("horovod_prio: job %s joined link %s at arbiter %s (class %d, native client)",
+                     al.job_id, config.link, config.arbiter, config.job_priority)
+            return al
         box = []
         client = client_from_config(config, on_grant=lambda ticket: box[0].on_grant(ticket))
         al = cls(scheduler, client, config.arbiter, config.link)
@@ -68,9 +95,17 @@ class ArbiterLink:
         except BaseException:
             al.close()
             raise
-        log.info("horovod_prio: job %s joined link %s at arbiter %s (class %d)", al.job_id,
-                 config.link, config.arbiter, config.job_priority)
+        log.info("horovod_prio: job %s joined link %s at arbiter %s (class %d, python client)",
+                 al.job_id, config.link, config.arbiter, config.job_priority)
         return al
+
+    def set_steps(self, steps, address=None):
+        """The request's step tag: ``steps()`` -> steps begun in this process;
+        ``address``, if given, of a C function ``int64_t (*)(void)`` returning
+        the same (the native client reads it without Python)."""
+        self.steps = steps
+        if self.native:
+            self.client.set_steps(address or steps)
 
     # -- scheduler callbacks (TF kernel threads; never block, never raise) ----------
     def on_request(self, ticket, name, priority, nbytes):
@@ -133,6 +168,8 @@ class ArbiterLink:
     @property
     def counters(self):
         d = dict(self.client.counters)
-        d["callback_errors"] = self.callback_errors
-        d["link_local_grants"] = self.local_grants
+        # the native client refuses and grants locally inside the scheduler's hook
+        refused = d.pop("refused_requests", 0)
+        d["callback_errors"] = self.callback_errors + refused
+        d["link_local_grants"] = self.local_grants + refused
         return d

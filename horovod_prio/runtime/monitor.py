@@ -21,7 +21,9 @@ A step clock (duck-typed, see ``horovod_prio.tensorflow.ops.StepClock``) has
 ``new_slot(priorities) -> slot``, ``set_priorities(slot, priorities)``,
 ``wait(timeout)``, ``take_steps(slot) -> [(begin_s, end_s)]`` (monotonic
 seconds), ``wake()`` and, optionally, ``steps_begun() -> int`` (steps begun
-so far in the process; the arbiter link tags requests with it).
+so far in the process; the arbiter link tags requests with it) and
+``steps_begun_address`` (of a C function returning the same: the native
+arbiter client reads it without Python).
 """
 import collections
 import logging

@@ -156,7 +156,8 @@ class Runtime:
             if self.clock is None:
                 self.clock = clock
                 if self.arbiter is not None:
-                    self.arbiter.steps = getattr(clock, "steps_begun", None)
+                    self.arbiter.set_steps(getattr(clock, "steps_begun", None),
+                                           getattr(clock, "steps_begun_address", None))
             elif clock is not self.clock:
                 raise RuntimeError("horovod_prio: one step clock per process")
             if partition_bytes is None:

@@ -24,7 +24,7 @@ __all__ = ["Scheduler", "SchedulerError", "library_path", "STATS_FIELDS", "UNLIM
            "CANCEL_RESULTS"]
 
 LIBRARY = "libhvdprio_scheduler.so"
-API_VERSION = 2
+API_VERSION = 3
 #: ``credit_bytes`` value meaning "no byte limit".
 UNLIMITED = (1 << 63) - 1
 STATS_FIELDS = (
@@ -43,6 +43,9 @@ BUILD_HINT = ("build it with `make install` or `pip install --no-build-isolation
 _REQUEST_CB = ctypes.CFUNCTYPE(None, ctypes.c_uint64, ctypes.c_char_p, ctypes.c_int64,
                                ctypes.c_int64)
 _TICKET_CB = ctypes.CFUNCTYPE(None, ctypes.c_uint64)
+_GRANT_CB = ctypes.CFUNCTYPE(None, ctypes.c_uint64)
+_LOG_CB = ctypes.CFUNCTYPE(None, ctypes.c_int, ctypes.c_char_p)
+_STEPS_CB = ctypes.CFUNCTYPE(ctypes.c_int64)
 
 # Module state that stays here rather than in the runtime (the owner of the
 # process's settings): the loaded library (one per process, like any shared
@@ -91,6 +94,7 @@ def _load():
             "hvdprio_set_tracing": (None, [h, c_int]),
             "hvdprio_set_max_events": (None, [h, i64]),
             "hvdprio_submit": (u64, [h, ctypes.c_char_p, i64, i64]),
+            "hvdprio_submit_notify": (u64, [h, ctypes.c_char_p, i64, i64, c_int]),
             "hvdprio_take_released": (i64, [h, ctypes.POINTER(u64), i64]),
             "hvdprio_take_requests": (i64, [h, ctypes.POINTER(u64), i64p, i64p, i64]),
             "hvdprio_complete": (c_int, [h, ctypes.c_char_p]),
@@ -104,6 +108,23 @@ def _load():
             "hvdprio_stats_fields": (ctypes.c_char_p, []),
             "hvdprio_stats": (c_int, [h, i64p, c_int]),
             "hvdprio_reset": (c_int, [h]),
+            # the native arbiter client (arbiter_client.py)
+            "hvdprio_arbiter_counter_fields": (ctypes.c_char_p, []),
+            "hvdprio_arbiter_new": (h, [ctypes.c_char_p, c_int, ctypes.c_char_p, ctypes.c_char_p,
+                                        ctypes.c_char_p, i64, ctypes.c_int32,
+                                        ctypes.POINTER(ctypes.c_double), c_int, h,
+                                        _GRANT_CB, _LOG_CB]),
+            "hvdprio_arbiter_request": (c_int, [h, u64, i64, u64, ctypes.c_char_p, i64, u64]),
+            "hvdprio_arbiter_complete": (c_int, [h, u64]),
+            "hvdprio_arbiter_cancel": (c_int, [h, u64]),
+            "hvdprio_arbiter_attach": (c_int, [h]),
+            "hvdprio_arbiter_set_steps": (None, [h, _STEPS_CB]),
+            "hvdprio_arbiter_state": (c_int, [h]),
+            "hvdprio_arbiter_counters": (c_int, [h, ctypes.POINTER(ctypes.c_double), c_int]),
+            "hvdprio_arbiter_close": (None, [h, ctypes.c_double]),
+            "hvdprio_arbiter_free": (None, [h]),
+            "hvdprio_hmac_sha256": (None, [ctypes.c_char_p, i64, ctypes.c_char_p, i64,
+                                           ctypes.c_char_p]),
         }
         try:
             for name, (res, args) in sigs.items():
@@ -198,6 +219,17 @@ class Scheduler:
         _check_int(priority, "submit: priority", -(1 << 63), (1 << 63) - 1)
         _check_int(nbytes, "submit: nbytes", 0)
         return int(self._lib.hvdprio_submit(self._h, raw, priority, nbytes))
+
+    def submit_notify(self, name, priority, nbytes, fd):
+        """Submit a chunk whose release writes its ticket (8 bytes, native byte
+        order) to the file descriptor ``fd`` (e.g. a pipe's write end), so a
+        caller can block in ``os.read`` until it is released; returns the ticket.
+        The chunk never appears in :meth:`take_released`."""
+        raw = _check_name(name, "submit_notify")
+        _check_int(priority, "submit_notify: priority", -(1 << 63), (1 << 63) - 1)
+        _check_int(nbytes, "submit_notify: nbytes", 0)
+        _check_int(fd, "submit_notify: fd", 0, (1 << 31) - 1)
+        return int(self._lib.hvdprio_submit_notify(self._h, raw, priority, nbytes, fd))
 
     def take_released(self):
         """Tickets released since the last call, in release order."""

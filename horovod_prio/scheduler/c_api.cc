@@ -1,14 +1,18 @@
 // C API of the horovod_prio release scheduler (see c_api.h).
 #include "c_api.h"
 
+#include <unistd.h>
+
 #include <cstdio>
 #include <cstring>
+#include <memory>
 #include <deque>
 #include <mutex>
 #include <stdexcept>
 #include <string>
 #include <vector>
 
+#include "arbiter_client.h"
 #include "scheduler.h"
 
 using horovod_prio::Scheduler;
@@ -52,7 +56,7 @@ void AppendJsonString(std::string* out, const std::string& s) {
 
 extern "C" {
 
-int hvdprio_api_version(void) { return 2; }
+int hvdprio_api_version(void) { return 3; }
 
 hvdprio_scheduler* hvdprio_global(void) {
   // Leaked on purpose, like Scheduler::Get().
@@ -89,6 +93,35 @@ uint64_t hvdprio_submit(hvdprio_scheduler* h, const char* name, int64_t priority
                         int64_t bytes) {
   if (name == nullptr || bytes < 0) return 0;
   return h->s->Submit(name, priority, bytes);
+}
+
+uint64_t hvdprio_submit_notify(hvdprio_scheduler* h, const char* name, int64_t priority,
+                               int64_t bytes, int fd) {
+  if (name == nullptr || bytes < 0 || fd < 0) return 0;
+  // The release may run inside Submit, before its ticket is known: then the
+  // notice is written once Submit returned.
+  struct Notice {
+    std::mutex mu;
+    uint64_t ticket = 0;
+    bool released = false;
+  };
+  auto notice = std::make_shared<Notice>();
+  auto write_ticket = [fd](uint64_t t) {
+    ssize_t k = ::write(fd, &t, sizeof t);
+    (void)k;
+  };
+  const uint64_t ticket = h->s->Submit(name, priority, bytes, [notice, write_ticket]() {
+    std::lock_guard<std::mutex> lk(notice->mu);
+    if (notice->ticket != 0) {
+      write_ticket(notice->ticket);
+    } else {
+      notice->released = true;
+    }
+  });
+  std::lock_guard<std::mutex> lk(notice->mu);
+  notice->ticket = ticket;
+  if (notice->released) write_ticket(ticket);
+  return ticket;
 }
 
 int64_t hvdprio_take_released(hvdprio_scheduler* h, uint64_t* out, int64_t n) {
@@ -210,6 +243,101 @@ int hvdprio_reset(hvdprio_scheduler* h) {
   h->released.clear();
   h->requests.clear();
   return 1;
+}
+
+// ---------------------------------------------------------------- arbiter client
+
+struct hvdprio_arbiter {
+  std::shared_ptr<horovod_prio::ArbiterClient> c;
+};
+
+const char* hvdprio_arbiter_counter_fields(void) {
+  return horovod_prio::ArbiterClient::CounterNames();
+}
+
+hvdprio_arbiter* hvdprio_arbiter_new(const char* host, int port, const char* link,
+                                     const char* job_id, const char* secret,
+                                     int64_t secret_len, int32_t job_class,
+                                     const double* timing, int n_timing,
+                                     hvdprio_scheduler* sched, hvdprio_grant_cb grant,
+                                     hvdprio_log_cb log) {
+  using horovod_prio::ArbiterClient;
+  if (host == nullptr || link == nullptr || job_id == nullptr || secret == nullptr ||
+      secret_len <= 0 || port <= 0 || port > 65535 || timing == nullptr || n_timing != 6 ||
+      (sched == nullptr && grant == nullptr)) {
+    return nullptr;
+  }
+  ArbiterClient::Options o;
+  o.host = host;
+  o.port = port;
+  o.link = link;
+  o.job_id = job_id;
+  o.secret.assign(secret, static_cast<size_t>(secret_len));
+  o.job_class = job_class;
+  o.timeout = timing[0];
+  o.max_wait = timing[1];
+  o.idle_heartbeat = timing[2];
+  o.handshake_timeout = timing[3];
+  o.backoff_initial = timing[4];
+  o.backoff_max = timing[5];
+  if (!(o.timeout > 0) || !(o.max_wait > 0)) return nullptr;
+  ArbiterClient::GrantSink gs;
+  if (grant != nullptr) gs = [grant](uint64_t k) { grant(k); };
+  ArbiterClient::LogSink ls;
+  if (log != nullptr) ls = [log](int level, const std::string& m) { log(level, m.c_str()); };
+  auto* a = new hvdprio_arbiter;
+  a->c = ArbiterClient::Start(std::move(o), std::move(gs), std::move(ls),
+                              sched != nullptr ? sched->s : nullptr);
+  return a;
+}
+
+int hvdprio_arbiter_request(hvdprio_arbiter* a, uint64_t key, int64_t priority,
+                            uint64_t nbytes, const char* label, int64_t label_len,
+                            uint64_t step) {
+  std::string l;
+  if (label != nullptr && label_len > 0) l.assign(label, static_cast<size_t>(label_len));
+  return static_cast<int>(a->c->Request(key, priority, nbytes, l, step));
+}
+
+int hvdprio_arbiter_complete(hvdprio_arbiter* a, uint64_t key) {
+  return a->c->Complete(key) ? 1 : 0;
+}
+
+int hvdprio_arbiter_cancel(hvdprio_arbiter* a, uint64_t key) { return a->c->Cancel(key) ? 1 : 0; }
+
+int hvdprio_arbiter_attach(hvdprio_arbiter* a) {
+  if (!a->c->attached_scheduler()) return -1;
+  a->c->Attach();
+  return 0;
+}
+
+void hvdprio_arbiter_set_steps(hvdprio_arbiter* a, hvdprio_steps_cb steps) {
+  a->c->SetSteps(steps);
+}
+
+int hvdprio_arbiter_state(hvdprio_arbiter* a) { return static_cast<int>(a->c->state()); }
+
+int hvdprio_arbiter_counters(hvdprio_arbiter* a, double* out, int n) {
+  double v[horovod_prio::ArbiterClient::kNumCounters];
+  a->c->Counters(v);
+  for (int i = 0; i < n && i < horovod_prio::ArbiterClient::kNumCounters && out; ++i) {
+    out[i] = v[i];
+  }
+  return horovod_prio::ArbiterClient::kNumCounters;
+}
+
+void hvdprio_arbiter_close(hvdprio_arbiter* a, double timeout) { a->c->Close(timeout); }
+
+void hvdprio_arbiter_free(hvdprio_arbiter* a) {
+  if (a == nullptr) return;
+  a->c->Close(5.0);
+  delete a;
+}
+
+void hvdprio_hmac_sha256(const char* key, int64_t key_len, const char* msg, int64_t msg_len,
+                         unsigned char* out) {
+  horovod_prio::HmacSha256 h(key, static_cast<size_t>(key_len));
+  h.Mac(msg, static_cast<size_t>(msg_len), nullptr, 0, out);
 }
 
 }  // extern "C"

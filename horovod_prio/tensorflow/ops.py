@@ -283,5 +283,11 @@ class StepClock:
         the arbiter link tags its requests with it."""
         return int(_cdll.hvdprio_tf_steps_begun())
 
+    @property
+    def steps_begun_address(self):
+        """Address of the C function behind :meth:`steps_begun` (the native
+        arbiter client reads the step tag there, without Python)."""
+        return ctypes.cast(_cdll.hvdprio_tf_steps_begun, ctypes.c_void_p).value
+
     def wake(self):
         _cdll.hvdprio_tf_wake()

@@ -206,6 +206,28 @@ def test_ab_run_reports_each_half(capsys):
     assert res["arbiter_grants"] == 2 * (30 + 5)          # the A arbiter saw only the A jobs
 
 
+@pytest.mark.scheduler_lib
+@pytest.mark.parametrize("client", ["sched-native", "sched-python"])
+def test_scheduler_path_times_request_to_release_through_the_arbiter(capsys, client):
+    """--client sched-*: every round trip is a chunk the scheduler requested and
+    the arbiter's grant released (none granted locally), read from the trace,
+    with the arbiter client the name says."""
+    rc, res = _run(capsys, ["--jobs", "2", "--client", client])
+    assert rc == 0 and res["errors"] == [] and res["samples"] == 60
+    assert res["fallback_grants"] == 0 and res["arbiter_grants"] == 70
+    assert res["arbiter_client"] == [client.split("-")[1]]
+    assert all(0 < v for v in res["rtt_us"].values())
+
+
+@pytest.mark.parametrize("argv", [["--client", "sched-native", "--server", "echo"],
+                                  ["--client", "sched-python", "--profile"],
+                                  ["--client", "sched-native", "--ab-tree", "."]])
+def test_scheduler_path_needs_an_arbiter_and_no_probe(argv):
+    with pytest.raises(SystemExit) as e:
+        ar.parse_args(argv)
+    assert e.value.code == 2
+
+
 @needs_gcc
 def test_native_build_reports_its_hmac():
     exe, kind = ar.build_native()

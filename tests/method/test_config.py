@@ -14,7 +14,7 @@ DEFAULTS = dict(
     relative_coefficient=None, count_threshold=20, adjust_groups=1, step=1, max_boost=4,
     warmup_batches=2, calibration_batches=20, partition_bytes=None, credit_bytes=None, autotune=False, monitor=True, trace_path=None,
     arbiter=None, link=None, job_id=None, arbiter_secret=None, arbiter_secret_file=None,
-    job_priority=0, arbiter_timeout=0.05, overlap=None,
+    job_priority=0, arbiter_timeout=0.05, arbiter_client="native", overlap=None,
 )
 # what arbiter= needs beside it
 WITH_ARBITER = dict(link="l", arbiter_secret="s")
@@ -106,6 +106,7 @@ def test_trace_env_is_not_trace_path():
     ("link", "lo", "lo"), ("job_id", "job-a", "job-a"), ("arbiter_secret", "s3cret", "s3cret"),
     ("arbiter_secret_file", "/run/secret", "/run/secret"), ("job_priority", "-3", -3),
     ("job_priority", "2", 2), ("arbiter_timeout", "0.5", 0.5),
+    ("arbiter_client", "python", "python"), ("arbiter_client", " Native ", "native"),
 ])
 def test_env_values_parsed(field, raw, value):
     extra = env(**WITH_ARBITER) if field == "arbiter" else {}
@@ -166,6 +167,7 @@ BAD = [
     ("arbiter", "localhost"), ("arbiter", "localhost:0"), ("arbiter", "localhost:65536"),
     ("arbiter", ":80"), ("arbiter", "host:http"),
     ("arbiter_timeout", "0"), ("arbiter_timeout", "-1"),
+    ("arbiter_client", "c++"), ("arbiter_client", "grpc"),
 ]
 
 
@@ -460,7 +462,8 @@ def test_derived_views_of_the_field_declarations():
     assert runtime.PROCESS_FIELDS is config.PROCESS_FIELDS
     assert set(config.PROCESS_FIELDS) == {
         "credit_bytes", "autotune", "trace_path", "arbiter", "link", "job_id",
-        "arbiter_secret", "arbiter_secret_file", "arbiter_timeout", "job_priority"}
+        "arbiter_secret", "arbiter_secret_file", "arbiter_timeout", "job_priority",
+        "arbiter_client"}
     for name in DEFAULTS:
         assert config.__doc__.count("\n    %s " % name) == 1, name
     assert "arbiter_secret" not in repr(PriorityConfig.from_env({}, arbiter_secret="s2")) \

@@ -39,6 +39,36 @@ def test_polling_release_order_and_credit():
     assert s.stats()["max_inflight_bytes"] <= 100
 
 
+def test_submit_notify_writes_the_ticket_when_released():
+    """A pushed release: the ticket lands on the fd when the chunk is released,
+    also when that happens inside submit (pass-through), before the ticket was
+    returned; nothing is written while the chunk waits."""
+    import os
+    import select
+    import struct
+    r, w = os.pipe()
+    try:
+        s = Scheduler()
+        s.configure(100, True)
+        blocker = s.submit("blocker", 9, 100)
+        assert s.take_released() == [blocker]
+        held = s.submit_notify("held", 1, 50, w)
+        assert select.select([r], [], [], 0.2)[0] == []     # waiting: no notice
+        assert s.complete_ticket(blocker)
+        assert select.select([r], [], [], 5)[0] == [r]
+        assert struct.unpack("=Q", os.read(r, 8))[0] == held
+        assert s.take_released() == []                        # pushed, not polled
+        s.configure(0, False)                                  # pass-through: released in submit
+        now = s.submit_notify("now", 1, 10, w)
+        assert select.select([r], [], [], 5)[0] == [r]
+        assert struct.unpack("=Q", os.read(r, 8))[0] == now
+        with pytest.raises(ValueError, match="fd"):
+            s.submit_notify("x", 1, 1, -1)
+    finally:
+        os.close(r)
+        os.close(w)
+
+
 def test_unlimited_credit_releases_everything_at_once():
     s = Scheduler()
     s.configure(UNLIMITED, True)

@@ -368,6 +368,9 @@ def test_step_clock_records_steps_and_serves_the_priority_vector():
     clock.set_priorities(slot, [5, 6, 9])
     assert step(x).numpy().tolist() == [5, 6, 9]   # the next step reads the new vector
     assert clock.steps_begun() == begun + 2
+    import ctypes                                  # what the native arbiter client reads
+    native = ctypes.cast(ctypes.c_void_p(clock.steps_begun_address), ctypes.CFUNCTYPE(ctypes.c_int64))
+    assert native() == begun + 2
     assert clock.wait(5.0)
     steps = clock.take_steps(slot)
     assert len(steps) == 2 and all(b <= e for b, e in steps)
