@@ -73,12 +73,51 @@ UNSHAPED = "unshaped"
 UNSHAPED_RATE = "100gbit"
 SYSTEMS = ("plain", "heter")
 HOSTS = {"a1": "A", "a2": "A", "b1": "B"}
-HETER_ROLES = "ps=0+2,sparse=[1],dense=[3]"
-HETER_H = "a1:2,a2:1,b1:1"
 PLAIN_H = "a1:1,a2:1,b1:1"
-#: (role, host) of the heter ranks: shards and the sparse trainer on the
-#: large-memory hosts, the dense trainer on the more-cores host
-EXPECTED_HETER_HOSTS = sorted([("ps", "a1"), ("sparse", "a1"), ("ps", "a2"), ("dense", "b1")])
+#: MLPerf DLRMv2's multi-hot sizes of the 26 fields (its synthetic multi-hot
+#: Criteo): ``--hot mlperf``
+MLPERF_HOT = (3, 2, 1, 2, 6, 1, 1, 1, 1, 7, 3, 8, 1, 6, 9, 5, 1, 1, 1, 12, 100, 27, 10, 3, 1, 1)
+
+
+def heter_layout(sparse_trainers: int) -> dict:
+    """Ranks, hosts and roles of the heter job: a parameter-server shard on
+    each large-memory host (a1, a2) with ``sparse_trainers`` sparse trainers
+    beside them (1: on a1; 2: one on each), the dense trainer on the
+    more-cores host b1. Sparse trainer s sits beside shard s."""
+    if sparse_trainers == 1:
+        return {"H": "a1:2,a2:1,b1:1", "roles": "ps=0+2,sparse=[1],dense=[3]", "np": 4,
+                "where": sorted([("ps", "a1"), ("sparse", "a1"), ("ps", "a2"), ("dense", "b1")])}
+    if sparse_trainers == 2:
+        # the sparse trainers take local rank 0 of their host: Horovod 0.28.1's Gloo
+        # process-set set-up names a set's cross-host context by the local rank within
+        # the set, so with ps=0+2,sparse=1+3 ranks 1 and 4 both join "cross0" of
+        # sparse_dense as its rank 0 (of sizes 2 and 1) and hvd.init hangs
+        return {"H": "a1:2,a2:2,b1:1", "roles": "sparse=0+2,ps=1+3,dense=[4]", "np": 5,
+                "where": sorted([("ps", "a1"), ("sparse", "a1"), ("ps", "a2"), ("sparse", "a2"),
+                                 ("dense", "b1")])}
+    raise ValueError(f"--sparse-trainers: 1 or 2, got {sparse_trainers}")
+
+
+def parse_hot(text: str):
+    """``--hot``: ids per field and sample, one number for every field or
+    ``mlperf`` (:data:`MLPERF_HOT`) -> a list of 26."""
+    if str(text).strip().lower() == "mlperf":
+        return list(MLPERF_HOT)
+    try:
+        v = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"--hot: expected a positive integer or 'mlperf', "
+                                         f"got {text!r}")
+    if v < 1:
+        raise argparse.ArgumentTypeError(f"--hot: expected a positive integer or 'mlperf', got {v}")
+    return [v] * FIELDS
+
+
+def host_threads(kinds: dict) -> dict:
+    """TensorFlow threads per rank on each host: its CPU limit rounded up
+    (1 without one), the same for both systems."""
+    import math
+    return {h: max(1, math.ceil(lim.cpu)) if lim.cpu else 1 for h, (_, lim) in kinds.items()}
 ID_BYTES, FLOAT_BYTES = 8, 4
 
 
@@ -170,7 +209,11 @@ def build_parser() -> argparse.ArgumentParser:
                    help="total size of the 26 tables, GB of float32 rows")
     p.add_argument("--min-rows", type=_pos_int("--min-rows"), default=4)
     p.add_argument("--dim", type=_pos_int("--dim"), default=16)
-    p.add_argument("--hot", type=_pos_int("--hot"), default=2, help="ids per field and sample")
+    p.add_argument("--hot", type=parse_hot, default=parse_hot("mlperf"),
+                   help="ids per field and sample: a number, or 'mlperf' (MLPerf DLRMv2's "
+                        "multi-hot sizes, 1 to 100 per field)")
+    p.add_argument("--sparse-trainers", type=int, choices=(1, 2), default=2,
+                   help="heter: sparse trainers, beside the shards on a1 (1) or a1 and a2 (2)")
     p.add_argument("--zipf", type=_pos_float("--zipf"), default=1.05,
                    help="Zipf exponent of the ids (> 1)")
     p.add_argument("--bottom", default="256,64", help="bottom MLP widths (then --dim)")
@@ -237,19 +280,21 @@ def model_config(a) -> dict:
     """What a worker needs (JSON on its command line)."""
     return {"rows": table_rows(a.table_gb, a.dim, a.min_rows), "dim": a.dim, "hot": a.hot,
             "zipf": a.zipf, "batch": a.batch, "pool": a.pool, "warmup": a.warmup,
-            "steps": a.steps, "bottom": a.bottom_widths, "top": a.top_widths, "seed": 1}
+            "steps": a.steps, "bottom": a.bottom_widths, "top": a.top_widths, "seed": 1,
+            "sparse_trainers": a.sparse_trainers,
+            "threads": host_threads(host_kinds(a, a.uncapped_memory))}
 
 
 # ---------------------------------------------------------------- data (pure numpy)
 def draw_batches(cfg: dict) -> list[tuple[dict, np.ndarray]]:
     """The pool of global batches (identical on every rank and in the harness):
-    ``({"c0".."c25": int64 (B, hot), "dense": float32 (B, 13)}, labels (B, 1))``."""
+    ``({"c0".."c25": int64 (B, hot[i]), "dense": float32 (B, 13)}, labels (B, 1))``."""
     rng = np.random.default_rng(cfg["seed"])
     rows, b, hot = cfg["rows"], cfg["batch"], cfg["hot"]
     out = []
     for _ in range(cfg["pool"]):
-        cats = {f"c{i}": ((rng.zipf(cfg["zipf"], (b, hot)) - 1) % r).astype(np.int64)
-                for i, r in enumerate(rows)}
+        cats = {f"c{i}": ((rng.zipf(cfg["zipf"], (b, h)) - 1) % r).astype(np.int64)
+                for i, (r, h) in enumerate(zip(rows, hot))}
         dense = rng.standard_normal((b, DENSE_FEATURES)).astype(np.float32)
         score = dense[:, :1] + 0.5 * sum((cats[f"c{i}"][:, :1] % 3 == 0) for i in range(4))
         labels = (score + 0.5 * rng.standard_normal(score.shape) > 0.8).astype(np.float32)
@@ -259,24 +304,28 @@ def draw_batches(cfg: dict) -> list[tuple[dict, np.ndarray]]:
 
 # ---------------------------------------------------------------- bounds (pure)
 def heter_bound(batch: dict, rows: list[int], dim: int, shards: int = 2,
-                remote_shards: tuple[int, ...] = (1,)) -> dict:
+                sparse_trainers: int = 2, pooled: bool = True) -> dict:
     """Payload bytes one heter step must move between hosts for this global
-    batch (one sparse trainer, one dense trainer, ``shards`` shards with mod
-    sharding, of which ``remote_shards`` are on another host than the sparse
-    trainer): the sparse trainer's unique ids per table owned by a remote
-    shard as keys (8 B) to it, their rows back and their gradients to it
-    (``dim`` float32 each); the activations (every looked-up row of every
-    sample, float32) to the dense trainer and their gradients back, across
-    the uplink. Headers and the collectives' own framing come on top."""
+    batch: ``sparse_trainers`` sparse trainers (trainer s beside shard s, each
+    a contiguous slice of the batch), ``shards`` shards with mod sharding,
+    one dense trainer on the other rack. Each trainer's unique ids per table
+    owned by a shard on another host travel as keys (8 B) to it, their rows
+    back and their gradients to it (``dim`` float32 each); the activations
+    (per sample one pooled vector per field if ``pooled``, else every
+    looked-up row) go to the dense trainer and their gradients come back,
+    across the uplink. Headers and the collectives' own framing come on top."""
+    from horovod_prio.heter.trainer import split_batch
+    n = len(next(iter(batch.values())))
     unique_remote = 0
     for i, r in enumerate(rows):
-        ids = np.unique(np.asarray(batch[f"c{i}"]).reshape(-1))
+        ids = np.asarray(batch[f"c{i}"])
         if ids.size and (ids.min() < 0 or ids.max() >= r):
             raise ValueError(f"input 'c{i}': ids outside table rows 0-{r - 1}")
-        unique_remote += int(np.isin(ids % shards, remote_shards).sum())
-    n = len(next(iter(batch.values())))
+        for s, (lo, hi) in enumerate(split_batch(n, sparse_trainers)):
+            uniq = np.unique(ids[lo:hi].reshape(-1))
+            unique_remote += int(((uniq % shards) != s).sum())
     lookups = sum(int(np.asarray(batch[f"c{i}"]).size) for i in range(len(rows)))
-    acts = lookups * dim * FLOAT_BYTES
+    acts = (n * len(rows) if pooled else lookups) * dim * FLOAT_BYTES
     keys = unique_remote * ID_BYTES
     row_bytes = unique_remote * dim * FLOAT_BYTES
     return {"samples": n, "unique_remote_rows": unique_remote, "keys": keys, "rows": row_bytes,
@@ -303,7 +352,7 @@ def plain_bound(batch: dict, rows: list[int], dim: int, dense_params: int,
 def build_model(cfg: dict):
     import tensorflow as tf
     dim, hot = cfg["dim"], cfg["hot"]
-    ids = [tf.keras.Input((hot,), dtype="int64", name=f"c{i}") for i in range(len(cfg["rows"]))]
+    ids = [tf.keras.Input((h,), dtype="int64", name=f"c{i}") for i, h in enumerate(hot)]
     dense = tf.keras.Input((DENSE_FEATURES,), name="dense")
     h = dense
     for j, w in enumerate(cfg["bottom"] + [dim]):
@@ -336,12 +385,13 @@ def worker(system: str, cfg: dict, out_dir: str) -> int:
     import socket
     import tensorflow as tf
     import horovod.tensorflow as hvd
-    tf.config.threading.set_intra_op_parallelism_threads(1)
+    threads = cfg.get("threads", {}).get(socket.gethostname(), 1)
+    tf.config.threading.set_intra_op_parallelism_threads(threads)
     tf.config.threading.set_inter_op_parallelism_threads(1)
     pool = draw_batches(cfg)
     n = cfg["warmup"] + cfg["steps"]
     loss_fn = tf.keras.losses.BinaryCrossentropy(from_logits=True)
-    rec = {"system": system, "host": socket.gethostname()}
+    rec = {"system": system, "host": socket.gethostname(), "threads": threads}
     ends = []
     if system == "heter":
         from horovod_prio.heter import placement, roles as roles_mod
@@ -351,19 +401,32 @@ def worker(system: str, cfg: dict, out_dir: str) -> int:
         tf.keras.utils.set_random_seed(cfg["seed"])
         with placement.placeholder_tables():
             model = build_model(cfg)
-        # the mean pooling's traced graph has a sparse-type op: placed by hand
-        plan = placement.place(model, overrides={f"pool{i}": "dense"
-                                                 for i in range(len(cfg["rows"]))})
-        rec["sparse_ops_of_pool0"] = list(next(p for p in plan.layers
-                                               if p.name == "pool0").sparse_ops)
+        plan = placement.place(model, overrides={f"pool{i}": cfg["pool_on"]
+                                                 for i in range(len(cfg["rows"]))}
+                               if cfg.get("pool_on") else None)
+        pool0 = next(p for p in plan.layers if p.name == "pool0")
+        rec["placement_of_pool0"] = [pool0.kind, pool0.reason]
         trainer = HeterTrainer(model, loss_fn, tf.keras.optimizers.Adagrad(0.05), roles,
                                plan=plan)
         rec["role"] = trainer.role
         rec["rss_after_init"] = _vm_hwm()
+        # seconds per timed step in each exchange (waiting for peers included); the rest
+        # of the step is this rank's own work
+        waits, real = {}, trainer._alltoall
+
+        def timed(tensor, splits, set_name, what):
+            t = time.perf_counter()
+            try:
+                return real(tensor, splits, set_name, what)
+            finally:
+                if trainer.steps > cfg["warmup"]:
+                    waits[what] = waits.get(what, 0.0) + time.perf_counter() - t
+        trainer._alltoall = timed
         for s in range(n):
             x, y = pool[s % len(pool)]
             trainer.step(x, y)
             ends.append(time.time())
+        rec["exchange_s_per_step"] = {k: v / cfg["steps"] for k, v in waits.items()}
         trainer.close()
     else:
         hvd.init()
@@ -433,9 +496,9 @@ def summarize_run(ranks: list[dict], samples: list[dict], steps: int, warmup: in
     out["peak_rss_by_role"] = {k: max(v) for k, v in rss.items()}
     out["ranks"] = [{k: r[k] for k in ("rank", "role", "host", "vm_hwm", "rss_after_init")}
                     for r in ranks]
-    pool_ops = [r["sparse_ops_of_pool0"] for r in ranks if "sparse_ops_of_pool0" in r]
+    pool_ops = [r["placement_of_pool0"] for r in ranks if "placement_of_pool0" in r]
     if pool_ops:
-        out["sparse_ops_of_pool0"] = pool_ops[0]
+        out["placement_of_pool0"] = pool_ops[0]
     return out
 
 
@@ -490,6 +553,14 @@ def _gib(v):
     return "–" if not v else f"{v / (1 << 30):.2f} GiB"
 
 
+def _hot_text(hot) -> str:
+    if isinstance(hot, int):
+        return str(hot)
+    if list(hot) == list(MLPERF_HOT):
+        return f"MLPerf DLRMv2 multi-hot ({sum(hot)} per sample)"
+    return str(hot[0]) if len(set(hot)) == 1 else "+".join(map(str, hot))
+
+
 def render_md(results: dict) -> str:
     meta, summ = results["meta"], results.get("summary") or summarize(results)
     b = meta["bounds"]
@@ -500,7 +571,8 @@ def render_md(results: dict) -> str:
              f"{_fmt(meta.get('loadavg_after'), '{:.2f}')} after.", "",
              f"Model: 26 tables, {meta['table_bytes'] / 1e9:.3f} GB of float32 rows in all "
              f"(largest {max(meta['config']['rows'])} rows), dim {meta['config']['dim']}, "
-             f"{meta['config']['hot']} ids per field (Zipf {meta['config']['zipf']}), "
+             f"{_hot_text(meta['config']['hot'])} ids per field (Zipf {meta['config']['zipf']}, "
+             f"mean-pooled), "
              f"{meta['dense_params']} dense parameters; global batch {meta['config']['batch']}, "
              f"{meta['config']['warmup']} warm-up + {meta['config']['steps']} timed steps, "
              f"{meta['repeats']} interleaved repeats; Adagrad.", "",
@@ -629,8 +701,9 @@ def host_kinds(a, b1_memory: int) -> dict:
 
 def launch_command(system: str, cfg: dict, workdir: Path, transport: str) -> list[str]:
     from .harness import horovodrun_path
-    hosts = HETER_H if system == "heter" else PLAIN_H
-    n = 4 if system == "heter" else 3
+    layout = heter_layout(cfg["sparse_trainers"])
+    hosts = layout["H"] if system == "heter" else PLAIN_H
+    n = layout["np"] if system == "heter" else 3
     cmd = [horovodrun_path(), f"--{transport}", "-np", str(n), "-H", hosts,
            "--network-interface", "eth0", "--start-timeout", "120"]
     if transport == "gloo":
@@ -658,7 +731,8 @@ def execute_run(system: str, rate: str, scenario: str, repeat: int, a, cfg: dict
     try:
         tb.create()
         env = tb.launch_env(dict(os.environ, PYTHONPATH=str(REPO), TF_CPP_MIN_LOG_LEVEL="2",
-                                 PYTHONUNBUFFERED="1", HOROVOD_PRIO_HETER_ROLES=HETER_ROLES))
+                                 PYTHONUNBUFFERED="1",
+                                 HOROVOD_PRIO_HETER_ROLES=heter_layout(cfg["sparse_trainers"])["roles"]))
         sampler = LinkSampler(tb, a.sample_interval).start()
         with open(log, "w") as f:
             proc = tb.popen("head", launch_command(system, cfg, workdir, a.transport),
@@ -692,15 +766,16 @@ def execute_run(system: str, rate: str, scenario: str, repeat: int, a, cfg: dict
     ranks = []
     for p in sorted(workdir.glob(f"{system}_rank*.json")):
         ranks.append(json.loads(p.read_text()))
-    expected = 4 if system == "heter" else 3
+    layout = heter_layout(cfg["sparse_trainers"])
+    expected = layout["np"] if system == "heter" else 3
     if rec["status"] == "ok" and len(ranks) != expected:
         rec["status"] = "failed"
         rec["error"] = f"{len(ranks)} of {expected} ranks reported"
     if rec["status"] == "ok" and system == "heter":
         where = sorted((r["role"], r["host"]) for r in ranks)
-        if where != EXPECTED_HETER_HOSTS:
+        if where != layout["where"]:
             rec["status"] = "failed"
-            rec["error"] = f"roles landed on hosts {where}, expected {EXPECTED_HETER_HOSTS}"
+            rec["error"] = f"roles landed on hosts {where}, expected {layout['where']}"
     if rec["status"] == "ok":
         rec.update(summarize_run(ranks, samples, cfg["steps"], cfg["warmup"], cfg["batch"]))
     elif rec["error"] is None:
@@ -746,7 +821,8 @@ def dense_param_count(cfg: dict) -> int:
 
 def mean_bounds(cfg: dict, dense_params: int) -> dict:
     pool = draw_batches(cfg)
-    hb = [heter_bound(x, cfg["rows"], cfg["dim"]) for x, _ in pool]
+    hb = [heter_bound(x, cfg["rows"], cfg["dim"], sparse_trainers=cfg["sparse_trainers"])
+          for x, _ in pool]
     pb = [plain_bound(x, cfg["rows"], cfg["dim"], dense_params) for x, _ in pool]
     return {"heter": {k: statistics.mean(d[k] for d in hb) for k in hb[0]},
             "plain": {k: statistics.mean(d[k] for d in pb) for k in pb[0]}}
@@ -779,8 +855,10 @@ def main(argv=None) -> int:
             "table_bytes": sum(cfg["rows"]) * cfg["dim"] * FLOAT_BYTES,
             "dense_params": dense_params, "bounds": mean_bounds(cfg, dense_params),
             "kinds": {"a1,a2": a.kind_memory, "b1": a.kind_cores},
-            "uncapped_memory": a.uncapped_memory, "heter_roles": HETER_ROLES,
-            "hosts": {"plain": PLAIN_H, "heter": HETER_H}, "transport": a.transport,
+            "uncapped_memory": a.uncapped_memory,
+            "heter_roles": heter_layout(a.sparse_trainers)["roles"],
+            "hosts": {"plain": PLAIN_H, "heter": heter_layout(a.sparse_trainers)["H"]},
+            "transport": a.transport,
             "unshaped_rate": UNSHAPED_RATE, "cap_rate": a.cap_rate}
     results = {"meta": meta, "runs": []}
     # the launchers' logs and the ranks' records stay out of the result folder

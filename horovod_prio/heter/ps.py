@@ -227,12 +227,16 @@ class Shard:
         """Rows of every table at once: ``ids``, one array of table ids per
         table in the shard's table order -> one (len, dim) tensor each (a
         single graph call, whatever the number of tables)."""
-        import tensorflow as tf
         names = list(self.tables)
         if len(ids) != len(names):
             raise ValueError("pull_all: ids for %d tables, the shard holds %d"
                              % (len(ids), len(names)))
-        local = [tf.constant(self.check_ids(n, i), tf.int64) for n, i in zip(names, ids)]
+        return self.gather_local([self.check_ids(n, i) for n, i in zip(names, ids)])
+
+    def gather_local(self, local):
+        """:meth:`pull_all` of local row indices already checked (``check_ids``)."""
+        import tensorflow as tf
+        names = list(self.tables)
         if self._gather is None:
             variables = [self.tables[n] for n in names]
 
@@ -240,7 +244,7 @@ class Shard:
             def gather(local):
                 return [tf.gather(v, i) for v, i in zip(variables, local)]
             self._gather = gather
-        return self._gather(local)
+        return self._gather([tf.constant(i, tf.int64) for i in local])
 
     def push(self, grads):
         """Apply one step: ``grads`` = {table: (ids, row gradients)} (ids may
@@ -248,13 +252,20 @@ class Shard:
         ``grads`` still take the step (Adam decays their moments as Keras
         does for a variable whose IndexedSlices gradient is empty). Every
         table is updated in one graph call."""
-        import tensorflow as tf
-        args = []
+        local, values = [], []
         for name, var in self.tables.items():
             dim = int(var.shape[1])
-            ids, values = grads.get(name, (np.zeros([0], np.int64), np.zeros([0, dim], np.float32)))
-            local = self.check_ids(name, ids)
-            args.append([tf.constant(local, tf.int64), tf.convert_to_tensor(values, var.dtype)])
+            ids, v = grads.get(name, (np.zeros([0], np.int64), np.zeros([0, dim], np.float32)))
+            local.append(self.check_ids(name, ids))
+            values.append(v)
+        self.apply_local(local, values)
+
+    def apply_local(self, local, values):
+        """:meth:`push` of local row indices already checked (``check_ids``),
+        one array per table in the shard's table order."""
+        import tensorflow as tf
+        args = [[tf.constant(i, tf.int64), tf.convert_to_tensor(v, var.dtype)]
+                for i, v, var in zip(local, values, self.tables.values())]
         self._apply_fn()(args)
         self.step.assign_add(1)
 

@@ -74,7 +74,10 @@ class KeyLayout:
         group = np.concatenate([np.full(len(u), g, np.int64) for g, u in enumerate(uniques)])
         inner = np.concatenate([np.arange(len(u), dtype=np.int64) for u in uniques])
         owner = np.concatenate(owners)
-        order = np.lexsort((inner, group, owner))
+        if len(uniques) == 1:     # one group: a stable sort by shard keeps first occurrence
+            order = np.argsort(owner.astype(np.int32), kind="stable")
+        else:
+            order = np.lexsort((inner, group, owner))
         self.keys, self.group, self.inner = keys[order], group[order], inner[order]
         self.owner = owner[order]
         self.dims = np.asarray(dims, np.int64)[self.group]
@@ -501,9 +504,12 @@ class HeterTrainer:
         per_key = dims[table_of]
         starts = np.concatenate([[0], np.cumsum(per_key)]).astype(np.int64)
         uniform = len(self.group_dims) == 1
-        idx = [np.nonzero(table_of == i)[0] for i in range(len(self.tables))]
-        ids = [keys[w] - t["offset"] for w, t in zip(idx, self.tables)]
-        pulled = self.shard.pull_all(ids)
+        # each table's keys, in arrival order (a stable sort by table)
+        by_table = np.argsort(table_of.astype(np.int32), kind="stable")
+        idx = np.split(by_table, np.cumsum(np.bincount(table_of, minlength=len(self.tables)))[:-1])
+        local = [self.shard.check_ids(t["name"], keys[w] - t["offset"])
+                 for w, t in zip(idx, self.tables)]
+        pulled = self.shard.gather_local(local)
         if uniform:
             flat = np.empty((len(keys), self.group_dims[0]), np.float32)
             for w, r in zip(idx, pulled):
@@ -525,7 +531,7 @@ class HeterTrainer:
         else:
             values = [grads[starts[w][:, None] + np.arange(t["dim"])]
                       for w, t in zip(idx, self.tables)]
-        self.shard.push({t["name"]: (i, v) for t, i, v in zip(self.tables, ids, values)})
+        self.shard.apply_local(local, values)
         return None
 
     # dense trainer ------------------------------------------------------------------

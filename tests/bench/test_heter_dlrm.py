@@ -31,7 +31,7 @@ def test_batches_are_zipf_ids_inside_the_tables_and_the_same_every_time():
         assert x["dense"].shape == (64, 13) and y.shape == (64, 1)
         for i, r in enumerate(cfg["rows"]):
             ids = x["c%d" % i]
-            assert ids.shape == (64, cfg["hot"]) and ids.min() >= 0 and ids.max() < r
+            assert ids.shape == (64, cfg["hot"][i]) and ids.min() >= 0 and ids.max() < r
             assert np.array_equal(ids, x2["c%d" % i])
         big = int(np.argmax(cfg["rows"]))
         ids = x["c%d" % big]
@@ -41,14 +41,36 @@ def test_batches_are_zipf_ids_inside_the_tables_and_the_same_every_time():
 # ------------------------------------------------------------------ bounds
 def test_heter_bound_counts_the_unique_ids_of_the_remote_shard():
     batch = {"c0": np.array([[0, 1], [1, 3]]), "c1": np.array([[2, 2], [5, 6]])}
-    b = hd.heter_bound(batch, rows=[10, 7], dim=4)
-    # remote shard 1 (odd ids, mod 2): c0 -> {1, 3}, c1 -> {5}; 8 lookups of 4 floats
+    # one sparse trainer beside shard 0, unpooled: remote shard 1 (odd ids, mod 2) gets
+    # c0 -> {1, 3}, c1 -> {5}; 8 lookups of 4 floats cross as activations
+    b = hd.heter_bound(batch, rows=[10, 7], dim=4, sparse_trainers=1, pooled=False)
     assert b["unique_remote_rows"] == 3
     assert (b["keys"], b["rows"], b["row_grads"]) == (24, 48, 48)
     assert (b["activations"], b["activation_grads"]) == (128, 128)
     assert b["uplink"] == 256 and b["fabric"] == 24 + 96 + 256
-    # every shard local: only the activations cross
-    assert hd.heter_bound(batch, [10, 7], 4, remote_shards=())["fabric"] == 256
+    # two trainers, trainer s beside shard s, one sample each: trainer 0 sends c0's 1 to
+    # shard 1, trainer 1 sends c1's 6 to shard 0; pooled: 2 samples x 2 fields x 4 floats
+    b = hd.heter_bound(batch, rows=[10, 7], dim=4)
+    assert b["unique_remote_rows"] == 2 and b["activations"] == 2 * 2 * 4 * 4
+    assert b["uplink"] == 128 and b["fabric"] == 16 + 64 + 128
+
+
+def test_hot_sizes_and_the_heter_layouts():
+    assert hd.parse_hot("3") == [3] * 26
+    assert hd.parse_hot("mlperf") == list(hd.MLPERF_HOT) and sum(hd.MLPERF_HOT) == 214
+    for bad in ("0", "x"):
+        with pytest.raises(Exception, match="--hot: expected a positive integer or 'mlperf'"):
+            hd.parse_hot(bad)
+    two = hd.heter_layout(2)
+    assert two["roles"] == "sparse=0+2,ps=1+3,dense=[4]" and two["np"] == 5
+    assert ("sparse", "a2") in two["where"] and ("sparse", "a1") in two["where"]
+    assert hd.heter_layout(1)["where"].count(("sparse", "a1")) == 1
+    a = hd.parse_args(["--quick", "--hot", "mlperf", "--batch", "16", "--pool", "1"])
+    cfg = hd.model_config(a)
+    x, _ = hd.draw_batches(cfg)[0]
+    assert [x["c%d" % i].shape[1] for i in range(26)] == list(hd.MLPERF_HOT)
+    # threads per rank: the host's CPU limit rounded up, the same for both systems
+    assert cfg["threads"] == {"a1": 1, "a2": 1, "b1": 2}
 
 
 def test_heter_bound_rejects_an_id_outside_its_table():
