@@ -77,6 +77,9 @@ def build_parser():
                    help="draws which run of each pair goes first (recorded; default 0)")
     p.add_argument("--warmup-runs", type=int, default=1,
                    help="unmeasured runs before the first pair (default 1; 0: none)")
+    p.add_argument("--pair-warmup", type=int, default=0,
+                   help="unmeasured runs before each pair (default 0): the first run of a "
+                        "pair then follows a run just as the second does")
     p.add_argument("--job-timeout", type=positive_int, default=600, help="seconds per run")
     p.add_argument("--stall-timeout", type=positive_int, default=60)
     p.add_argument("--out", default=str(REPO / "results" / "bench" / "aa" / "latest"))
@@ -88,6 +91,9 @@ def parse_args(argv=None):
     if a.warmup_runs < 0:
         build_parser().error(f"argument --warmup-runs: expected an integer >= 0, "
                              f"got {a.warmup_runs}")
+    if a.pair_warmup < 0:
+        build_parser().error(f"argument --pair-warmup: expected an integer >= 0, "
+                             f"got {a.pair_warmup}")
     if a.rank_cgroup is not None and a.pin == "rank" and a.rank_cgroup[1].cpuset is not None:
         build_parser().error("argument --rank-cgroup: cpuset and --pin rank both place the "
                              "ranks; give one")
@@ -95,9 +101,10 @@ def parse_args(argv=None):
 
 
 # ---------------------------------------------------------------- plan and statistics
-def plan(pairs: int, seed: int = 0, warmup_runs: int = 0) -> list[dict]:
+def plan(pairs: int, seed: int = 0, warmup_runs: int = 0, pair_warmup: int = 0) -> list[dict]:
     """The runs in order: ``warmup_runs`` unmeasured runs (pair None), then the
-    pairs. Half of the pairs (the extra one of an odd count by the draw) run A
+    pairs, each after ``pair_warmup`` unmeasured runs of its own (pair None),
+    so that both runs of a pair follow a run of the same command. Half of the pairs (the extra one of an odd count by the draw) run A
     first, the others A' first, which ones drawn with ``seed``; ``first`` is the
     label that ran first. ``dir`` names the run's work folder by its position
     only: a label never reaches a path."""
@@ -109,6 +116,7 @@ def plan(pairs: int, seed: int = 0, warmup_runs: int = 0) -> list[dict]:
     runs = [{"pair": None, "label": "warm-up", "first": None} for _ in range(warmup_runs)]
     for i, af in enumerate(a_first):
         order = LABELS if af else LABELS[::-1]
+        runs += [{"pair": None, "label": "warm-up", "first": None} for _ in range(pair_warmup)]
         runs += [{"pair": i, "label": label, "first": order[0]} for label in order]
     for n, r in enumerate(runs):
         r["dir"] = f"run{n:02d}"
@@ -257,7 +265,7 @@ def main(argv=None) -> int:
             if args.rank_cgroup else None}
     records: list[dict] = []
     groups: list[cgroups.Cgroup] = []
-    runs = plan(args.pairs, args.seed, args.warmup_runs)
+    runs = plan(args.pairs, args.seed, args.warmup_runs, args.pair_warmup)
     progress = Progress(len(runs), tag="aa")
     workroot = Path(tempfile.mkdtemp(prefix="hprio-aa-"))
     try:

@@ -34,6 +34,7 @@ def test_arguments_and_defaults():
     (["--rank-cgroup", "custom,cpu=0"], "cpu must be a finite number > 0"),
     (["--rank-cgroup", "custom"], "sets no limit"),
     (["--pin", "rank", "--rank-cgroup", "custom,cpuset=1"], "cpuset and --pin rank"),
+    (["--pair-warmup", "-1"], "--pair-warmup: expected an integer >= 0, got -1"),
 ])
 def test_bad_arguments_are_named(argv, needle, capsys):
     with pytest.raises(SystemExit):
@@ -64,6 +65,16 @@ def test_work_folders_are_named_by_position_never_by_label():
     dirs = [r["dir"] for r in runs]
     assert dirs == [f"run{n:02d}" for n in range(9)]
     assert all(re.fullmatch(r"[A-Za-z0-9_-]+", d) for d in dirs)
+
+
+def test_a_warm_up_run_before_each_pair():
+    runs = aa.plan(3, seed=2, warmup_runs=1, pair_warmup=1)
+    assert [r["pair"] for r in runs] == [None, None, 0, 0, None, 1, 1, None, 2, 2]
+    assert all(r["label"] == "warm-up" for r in runs if r["pair"] is None)
+    # the measured runs are the plan without warm-ups, in the same drawn order
+    assert [r["label"] for r in runs if r["pair"] is not None] == \
+        [r["label"] for r in aa.plan(3, seed=2)]
+    assert [r["dir"] for r in runs] == [f"run{n:02d}" for n in range(10)]
 
 
 def test_each_run_works_in_its_safe_folder(tmp_path, monkeypatch):
