@@ -496,6 +496,13 @@ def summarize_run(ranks: list[dict], samples: list[dict], steps: int, warmup: in
     out["peak_rss_by_role"] = {k: max(v) for k, v in rss.items()}
     out["ranks"] = [{k: r[k] for k in ("rank", "role", "host", "vm_hwm", "rss_after_init")}
                     for r in ranks]
+    waits = {}
+    for r in ranks:
+        for what, v in (r.get("exchange_s_per_step") or {}).items():
+            waits.setdefault(r["role"], {}).setdefault(what, []).append(v)
+    if waits:       # per role: mean seconds per step in each exchange (waiting included)
+        out["exchange_s_per_step_by_role"] = {
+            role: {what: statistics.mean(v) for what, v in d.items()} for role, d in waits.items()}
     pool_ops = [r["placement_of_pool0"] for r in ranks if "placement_of_pool0" in r]
     if pool_ops:
         out["placement_of_pool0"] = pool_ops[0]

@@ -239,3 +239,17 @@ def test_a_cap_too_small_is_recorded_as_oom(tmp_path):
     assert rec["status"] == "oom", rec
     assert rec["oom_kills"]["b1"] >= 1 and rec["hosts"]["b1"]["limits"]["memory"] == 96 << 20
     assert "samples_per_s" not in rec
+
+
+def test_run_summary_keeps_each_roles_time_per_exchange():
+    def rank(i, role, waits):
+        return {"rank": i, "role": role, "host": "a1", "vm_hwm": 1, "rss_after_init": 1,
+                "step_ends": [0.0, 1.0, 2.0, 3.0], "exchange_s_per_step": waits}
+    ranks = [rank(0, "sparse", {"keys": 0.1, "rows": 0.3}), rank(1, "ps", {"keys": 0.2}),
+             rank(2, "sparse", {"keys": 0.3, "rows": 0.1}), rank(3, "dense", {})]
+    out = hd.summarize_run(ranks, [], steps=2, warmup=2, batch=8)
+    assert out["s_per_step"] == 1.0
+    got = out["exchange_s_per_step_by_role"]
+    assert set(got) == {"sparse", "ps"}
+    assert got["sparse"]["keys"] == pytest.approx(0.2) and got["sparse"]["rows"] == pytest.approx(0.2)
+    assert got["ps"] == {"keys": 0.2}
