@@ -655,7 +655,8 @@ def write_outputs(results: dict, out: Path) -> None:
     out.mkdir(parents=True, exist_ok=True)
     results_io.save(out, results, raw=False)
     (out / "results.md").write_text(render_md(results))
-    plot(results, out / "throughput.png")
+    if plot(results, out / "throughput.png"):
+        results_io.shrink_png(out / "throughput.png")     # the tree keeps palette PNGs
 
 
 # ---------------------------------------------------------------- the runs (root, testbed)
