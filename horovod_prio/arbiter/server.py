@@ -94,10 +94,11 @@ class _Conn:
 
     def _sync(self):
         """Close on a transport error, else watch writability while bytes are queued."""
-        if self.t.error:
-            self.fail(logging.WARNING if self.t.buffered else None, self.t.error)
+        t = self.t
+        if t.error:
+            self.fail(logging.WARNING if t.outbuf else None, t.error)
             return
-        ev = _RW if self.t.wants_write else _READ
+        ev = _RW if t.outbuf else _READ
         if ev != self.events:
             self.events = ev
             self.srv.sel.modify(self.t.sock, ev, self)

@@ -656,6 +656,36 @@ def test_answers_to_frames_that_came_together_all_arrive_in_order(server_factory
     s.close()
 
 
+def test_a_job_that_reads_late_still_gets_every_answer_in_order(server_factory):
+    """A job that stops reading while its frames keep coming: what the socket
+    does not take waits in the arbiter's write buffer and is sent as the job
+    reads again; every answer arrives, in order."""
+    srv = server_factory()
+    s = socket.socket()
+    s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)     # a small window fills fast
+    s.connect(srv.address)
+    s.settimeout(5)
+    rd = Reader()
+    hs = P.ClientHandshake(SECRET)
+    s.sendall(hs.hello())
+    s.sendall(hs.on_challenge(recv_body(s, rd)) + hs.session.seal(P.enc_register("j", "L")))
+    hs.on_verdict(recv_body(s, rd))
+    sess = hs.session
+    assert sess.open(recv_body(s, rd))[0] == P.T_REGISTERED
+    # and a small send buffer on the arbiter's side of it (no autotuning)
+    srv.call(lambda: [c.t.sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 4096)
+                      for c in srv.conns])
+    n = 10000                                   # 450 KB of PONGs: < the 1 MiB write buffer
+    for i in range(0, n, 1000):
+        s.sendall(b"".join(sess.seal(P.enc_token(P.T_PING, k)) for k in range(i, i + 1000)))
+    assert wait_until(lambda: srv.call(lambda: max(c.t.buffered for c in srv.conns)) > 0), \
+        "the arbiter never had to queue: the test did not fill the socket"
+    for k in range(n):
+        assert sess.open(recv_body(s, rd)) == P.enc_token(P.T_PONG, k)
+    assert srv.call(lambda: max(c.t.buffered for c in srv.conns)) == 0
+    s.close()
+
+
 def test_several_grants_to_one_job_at_once_all_arrive_in_order(server_factory):
     """One COMPLETE frees the credit for several requests of another job (and a
     disconnect for a third one's): each of them gets all its GRANTs, in order."""
