@@ -240,8 +240,14 @@ def _lazy_top(heap, live, nlive):
     + 64`` entries (``nlive``: about how many are live), the stale ones are
     dropped all at once, so it never grows past a multiple of its live
     entries. The top entry stays the same."""
-    while not live(heap[0]):
+    top = heap[0]
+    if live(top):
+        if len(heap) <= 2 * nlive + 64:
+            return top
+    else:
         heapq.heappop(heap)
+        while not live(heap[0]):
+            heapq.heappop(heap)
     if len(heap) > 2 * nlive + 64:
         heap[:] = [e for e in heap if live(e)]
         heapq.heapify(heap)
@@ -393,7 +399,7 @@ class Arbiter:
         ln = self.links[job.link]
         ln.c["completions" if r.state == GRANTED else "cancelled"] += 1
         self._remove(ln, r)
-        return self._schedule(ln, self.clock())
+        return self._schedule(ln, self.clock()) if ln.npending else []
 
     cancel = complete
 
@@ -499,10 +505,8 @@ class Arbiter:
     def _schedule(self, ln, now):
         out = []
         K = self.starvation_bound
-        while True:
+        while ln.npending:
             r, starved = self._pick(ln)
-            if r is None:
-                break
             if ln.outstanding_bytes and ln.outstanding_bytes + r.nbytes > ln.credit:
                 break
             job = r.job

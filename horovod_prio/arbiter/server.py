@@ -46,7 +46,7 @@ _HELLO, _PROOF, _AUTH = 0, 1, 2
 
 class _Conn:
     __slots__ = ("srv", "t", "peer", "stage", "hs", "session", "job", "closed", "events",
-                 "stats_parts")
+                 "stats_parts", "held")
 
     def __init__(self, srv, sock, peer):
         self.srv = srv
@@ -59,12 +59,19 @@ class _Conn:
         self.closed = False
         self.events = _READ
         self.stats_parts = None
+        self.held = None        # sealed frames not written yet (see hold())
 
     # -------------------------------------------------------- I/O
     def on_readable(self):
         try:
-            for body in self.t.read():
-                self._handle(body)
+            bodies = self.t.read()
+            if len(bodies) > 1:
+                self.held = []  # the answers to frames that came together go out together
+            for body in bodies:
+                if self.stage == _AUTH:
+                    self._dispatch(self.session.open(body))
+                else:
+                    self._handle(body)
                 if self.closed:
                     return
         except P.ProtocolError as e:
@@ -74,6 +81,9 @@ class _Conn:
             log.exception("arbiter: internal error on connection %s", self.peer)
             self.reject("internal error: %s" % type(e).__name__)
             return
+        finally:
+            if self.held is not None:
+                self.release()
         if self.t.error:
             self.fail(None, self.t.error)
 
@@ -84,20 +94,43 @@ class _Conn:
 
     def _sync(self):
         """Close on a transport error, else watch writability while bytes are queued."""
-        if self.t.error:
-            self.fail(logging.WARNING if self.t.buffered else None, self.t.error)
+        t = self.t
+        if t.error:
+            self.fail(logging.WARNING if t.outbuf else None, t.error)
             return
-        ev = _RW if self.t.wants_write else _READ
+        ev = _RW if t.outbuf else _READ
         if ev != self.events:
             self.events = ev
             self.srv.sel.modify(self.t.sock, ev, self)
 
     def send(self, payload):
         if not self.closed:
-            self.t.write(self.session.seal(payload))
-            self._sync()
+            if self.held is None:
+                self.t.write(self.session.seal(payload))
+                self._sync()
+            else:
+                self.held.append(self.session.seal(payload))
+
+    def hold(self):
+        """Collect what :meth:`send` seals instead of writing it, until
+        :meth:`release` writes it all with one ``send()`` (in order). False if
+        frames are held already (whoever started it releases them)."""
+        if self.held is not None:
+            return False
+        self.held = []
+        return True
+
+    def release(self):
+        held, self.held = self.held, None
+        if held:
+            self.t.write(held[0] if len(held) == 1 else b"".join(held))
+            if not self.closed:
+                self._sync()
 
     def _pump_stats(self):
+        if self.held:           # frames sealed before the fragments go first
+            self.release()
+            self.held = []
         parts = self.stats_parts
         while parts and self.t.buffered < _STATS_LOW_WATER and self.t.error is None:
             self.t.write(self.session.seal(parts.popleft()))
@@ -119,6 +152,8 @@ class _Conn:
             return
         if self.stage == _AUTH:
             self.srv.counters["protocol_errors"] += 1
+            if self.held:       # what was answered before the bad frame goes out first
+                self.release()
             self.t.write(self.session.seal(P.enc_text(P.T_ERROR, why)))
         else:
             self.srv.counters["auth_failures"] += 1
@@ -233,17 +268,29 @@ class ArbiterServer:
 
     # -------------------------------------------------------- policy glue
     def send_grants(self, grants):
+        """Send a GRANT for each request, in order; several grants to one job go
+        out in one ``send()``."""
         if not grants:
             return
-        debug = log.isEnabledFor(logging.DEBUG)
-        for r in grants:
-            job = r.job
-            if debug:
+        if log.isEnabledFor(logging.DEBUG):
+            now = time.monotonic()
+            for r in grants:
                 log.debug("arbiter: grant link=%s job=%s chunk=%s prio=%d bytes=%d waited=%.6fs",
-                          job.link, job.job_id, r.chunk, r.priority, r.nbytes,
-                          time.monotonic() - r.t_arrival)
-            if job.peer is not None:
-                job.peer.send(P.enc_token(P.T_GRANT, r.token))
+                          r.job.link, r.job.job_id, r.chunk, r.priority, r.nbytes,
+                          now - r.t_arrival)
+        if len(grants) == 1:
+            peer = grants[0].job.peer
+            if peer is not None:
+                peer.send(P.enc_token(P.T_GRANT, grants[0].token))
+            return
+        peers = dict.fromkeys(r.job.peer for r in grants)
+        peers.pop(None, None)
+        held = [c for c in peers if c.hold()]
+        for r in grants:
+            if r.job.peer is not None:
+                r.job.peer.send(P.enc_token(P.T_GRANT, r.token))
+        for c in held:
+            c.release()
 
     def stats(self):
         s = dict(self.counters)

@@ -3,6 +3,7 @@
 Behaviour only, never timing: waits are generous upper bounds.
 """
 import collections
+import json
 import logging
 import random
 import socket
@@ -622,6 +623,102 @@ def test_duplicate_token_and_second_register_are_protocol_errors(server_factory)
     assert server_counters(srv)["protocol_errors"] == 2
     st = link_stats(srv)
     assert st["connected_jobs"] == 0 and st["outstanding_bytes"] == 0
+
+
+def test_answers_to_frames_that_came_together_all_arrive_in_order(server_factory):
+    """Frames that arrive together are answered together: every answer still
+    arrives, in order (each MAC in sequence); answers held back go out before a
+    STATS reply and before the ERROR of a bad frame behind them."""
+    srv = server_factory(credit_bytes=100)
+    s, rd, sess = raw_connect(srv.address)
+    s.sendall(b"".join(sess.seal(p) for p in [
+        P.enc_register("j", "L"),
+        P.enc_request(1, 5, 60, "a"),           # granted
+        P.enc_request(2, 9, 60, "b"),           # does not fit: queued
+        P.enc_request(3, 1, 30, "c"),           # behind b: queued
+        P.enc_empty(P.T_STATS),
+        P.enc_token(P.T_PING, 77),
+        P.enc_token(P.T_COMPLETE, 1)]))         # b and c granted
+    got = [sess.open(recv_body(s, rd)) for _ in range(8)]
+    assert got[:4] == [P.enc_registered(srv.arbiter.lease_seconds), P.enc_token(P.T_GRANT, 1),
+                       P.enc_token(P.T_QUEUED, 2), P.enc_token(P.T_QUEUED, 3)]
+    assert got[4][0] == P.T_STATS_REPLY
+    more, text = P.dec_stats_part(got[4])
+    assert not more and json.loads(text)["links"]["L"]["pending"] == 2
+    assert got[5:] == [P.enc_token(P.T_PONG, 77), P.enc_token(P.T_GRANT, 2),
+                       P.enc_token(P.T_GRANT, 3)]
+    # a grant, then a forged frame: the grant arrives, then the ERROR, then the close
+    s.sendall(sess.seal(P.enc_request(4, 0, 10, "d")) + P.frame(b"\x03" + b"\0" * 40))
+    assert sess.open(recv_body(s, rd)) == P.enc_token(P.T_GRANT, 4)
+    err = sess.open(recv_body(s, rd))
+    assert err[0] == P.T_ERROR and b"MAC" in err
+    assert is_closed_by_peer(s)
+    s.close()
+
+
+def test_a_job_that_reads_late_still_gets_every_answer_in_order(server_factory):
+    """A job that stops reading while its frames keep coming: what the socket
+    does not take waits in the arbiter's write buffer and is sent as the job
+    reads again; every answer arrives, in order."""
+    srv = server_factory()
+    s = socket.socket()
+    s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)     # a small window fills fast
+    s.connect(srv.address)
+    s.settimeout(5)
+    rd = Reader()
+    hs = P.ClientHandshake(SECRET)
+    s.sendall(hs.hello())
+    s.sendall(hs.on_challenge(recv_body(s, rd)) + hs.session.seal(P.enc_register("j", "L")))
+    hs.on_verdict(recv_body(s, rd))
+    sess = hs.session
+    assert sess.open(recv_body(s, rd))[0] == P.T_REGISTERED
+    # and a small send buffer on the arbiter's side of it (no autotuning)
+    srv.call(lambda: [c.t.sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 4096)
+                      for c in srv.conns])
+    n = 10000                                   # 450 KB of PONGs: < the 1 MiB write buffer
+    for i in range(0, n, 1000):
+        s.sendall(b"".join(sess.seal(P.enc_token(P.T_PING, k)) for k in range(i, i + 1000)))
+    assert wait_until(lambda: srv.call(lambda: max(c.t.buffered for c in srv.conns)) > 0), \
+        "the arbiter never had to queue: the test did not fill the socket"
+    for k in range(n):
+        assert sess.open(recv_body(s, rd)) == P.enc_token(P.T_PONG, k)
+    assert srv.call(lambda: max(c.t.buffered for c in srv.conns)) == 0
+    s.close()
+
+
+def test_several_grants_to_one_job_at_once_all_arrive_in_order(server_factory):
+    """One COMPLETE frees the credit for several requests of another job (and a
+    disconnect for a third one's): each of them gets all its GRANTs, in order."""
+    srv = server_factory(credit_bytes=100)
+    conns = {}
+    for name in ("a", "b", "c"):
+        s, rd, sess = raw_connect(srv.address)
+        s.sendall(sess.seal(P.enc_register(name, "L")))
+        assert sess.open(recv_body(s, rd))[0] == P.T_REGISTERED
+        conns[name] = (s, rd, sess)
+
+    def ask(name, token, prio, nbytes):
+        s, rd, sess = conns[name]
+        s.sendall(sess.seal(P.enc_request(token, prio, nbytes, "x%d" % token)))
+        return sess.open(recv_body(s, rd))
+
+    assert ask("a", 1, 0, 100) == P.enc_token(P.T_GRANT, 1)
+    for t in (11, 12, 13):
+        assert ask("b", t, 20 - t, 30) == P.enc_token(P.T_QUEUED, t)
+    s, rd, sess = conns["a"]
+    s.sendall(sess.seal(P.enc_token(P.T_COMPLETE, 1)))
+    s, rd, sess = conns["b"]
+    assert [sess.open(recv_body(s, rd)) for _ in range(3)] == [
+        P.enc_token(P.T_GRANT, t) for t in (11, 12, 13)]
+    # b holds 90 bytes; c waits for 2 x 50, granted together when b's connection goes
+    for t in (21, 22):
+        assert ask("c", t, 30 - t, 50) == P.enc_token(P.T_QUEUED, t)
+    conns["b"][0].close()
+    s, rd, sess = conns["c"]
+    assert [sess.open(recv_body(s, rd)) for _ in range(2)] == [
+        P.enc_token(P.T_GRANT, t) for t in (21, 22)]
+    for s, _, _ in conns.values():
+        s.close()
 
 
 # ------------------------------------------------------------------ fallback
