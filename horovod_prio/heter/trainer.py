@@ -25,6 +25,11 @@ does its role's part (docs/heter.md has the picture):
 7. dense trainers allreduce the dense gradients on ``dense`` and each applies
    the same Keras optimizer to its copy of the dense weights.
 
+Every collective goes through :mod:`horovod_prio.heter.exchange`: the
+priority scheduler's gate (priorities and holders:
+:mod:`horovod_prio.method.heter`), the step clock of rank 0's monitor and,
+if the job names one, the link arbiter.
+
 Step 7 replaces "push dense gradients to the parameter server, pull the
 weights back": the update is a deterministic function of the reduced gradient
 and the optimizer state, every dense trainer holds the same state and applies
