@@ -46,9 +46,9 @@ def job_env(address, job_id, job_class=0):
                 HOROVOD_PRIO_ARBITER_TIMEOUT="2", HOROVOD_PRIO_JOB_PRIORITY=str(job_class))
 
 
-def run_heter(out, env, extra=()):
+def run_heter(out, env, extra=(), controller="gloo"):
     os.makedirs(out, exist_ok=True)
-    res = horovodrun([WORKER, str(out), "--steps", str(STEPS)] + list(extra), "gloo", np_=4,
+    res = horovodrun([WORKER, str(out), "--steps", str(STEPS)] + list(extra), controller, np_=4,
                      timeout=300, env=env)
     reports = [json.load(open(os.path.join(out, "rank%d.json" % r)))
                if os.path.exists(os.path.join(out, "rank%d.json" % r)) else None for r in range(4)]
@@ -146,8 +146,7 @@ def reference(tmp_path_factory, no_opt_in):
     return job
 
 
-@pytest.fixture(scope="module")
-def arbitrated(tmp_path_factory, no_opt_in):
+def run_arbitrated(out, controller="gloo"):
     from horovod_prio.arbiter.server import ArbiterServer
     srv = ArbiterServer(secret=SECRET, credit_bytes=2048)
     rec = GrantRecorder(srv)
@@ -155,14 +154,29 @@ def arbitrated(tmp_path_factory, no_opt_in):
     try:
         env = dict(job_env("%s:%d" % (host, port), "heter-a"), HOROVOD_PRIO_MAX_BOOST="2",
                    HOROVOD_PRIO_COUNT_THRESHOLD="1000")
-        job = run_heter(tmp_path_factory.mktemp("arbitrated"), env, ["--boost", "2"])
+        job = run_heter(out, env, ["--boost", "2"], controller)
         stats = srv.call(srv.stats)
     finally:
         srv.stop()
     return {"job": job, "grants": rec.grants, "stats": stats}
 
 
+@pytest.fixture(scope="module")
+def arbitrated(tmp_path_factory, no_opt_in):
+    return run_arbitrated(tmp_path_factory.mktemp("arbitrated"))
+
+
 def test_heter_exchanges_are_requested_at_the_arbiter_and_released_by_its_grants(arbitrated):
+    check_arbitrated(arbitrated)
+
+
+def test_under_open_mpi_too(tmp_path, no_opt_in, reference):
+    arbitrated = run_arbitrated(tmp_path, "mpi")
+    check_arbitrated(arbitrated)
+    assert_same_weights(arbitrated["job"], reference)
+
+
+def check_arbitrated(arbitrated):
     job = arbitrated["job"]
     check(job["res"])
     reps = job["reports"]
