@@ -20,8 +20,11 @@ horovod.common (no framework).
 import os
 import re
 
+from horovod_prio.method.config import register_env_var
+
 ROLES = ("ps", "sparse", "dense")
 ENV = "HOROVOD_PRIO_HETER_ROLES"
+register_env_var(ENV)   # read here, not a PriorityConfig knob: never "unknown"
 _SIZE_VARS = ("HOROVOD_SIZE", "OMPI_COMM_WORLD_SIZE", "PMI_SIZE")
 
 

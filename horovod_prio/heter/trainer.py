@@ -25,6 +25,11 @@ does its role's part (docs/heter.md has the picture):
 7. dense trainers allreduce the dense gradients on ``dense`` and each applies
    the same Keras optimizer to its copy of the dense weights.
 
+Every collective goes through :mod:`horovod_prio.heter.exchange`: the
+priority scheduler's gate (priorities and holders:
+:mod:`horovod_prio.method.heter`), the step clock of rank 0's monitor and,
+if the job names one, the link arbiter.
+
 Step 7 replaces "push dense gradients to the parameter server, pull the
 weights back": the update is a deterministic function of the reduced gradient
 and the optimizer state, every dense trainer holds the same state and applies
@@ -122,12 +127,18 @@ class HeterTrainer:
     ``optimizer``: the Keras optimizer single-process training would use (the
     dense trainers apply it; the shards apply the same rule to the tables);
     ``plan``: :func:`horovod_prio.heter.placement.place` of the model (done
-    here unless given); ``sharding``: ``"mod"`` or ``"range"``.
+    here unless given); ``sharding``: ``"mod"`` or ``"range"``; ``priority``:
+    a :class:`~horovod_prio.method.config.PriorityConfig`, a dict of its
+    fields or None (from the ``HOROVOD_PRIO_*`` variables, as for a
+    data-parallel optimizer): the exchanges go through the priority scheduler,
+    its monitor and, if configured, the link arbiter
+    (:mod:`horovod_prio.heter.exchange`).
     Call after ``hvd.init(process_sets=roles.process_sets())``, and
     :meth:`close` before the script ends.
     """
 
-    def __init__(self, model, loss, optimizer, roles, plan=None, sharding="mod", hvd=None):
+    def __init__(self, model, loss, optimizer, roles, plan=None, sharding="mod", hvd=None,
+                 priority=None):
         import tensorflow as tf
         if hvd is None:
             import horovod.tensorflow as hvd
@@ -146,6 +157,11 @@ class HeterTrainer:
         self.ps_ranks, self.sparse_ranks = roles.ranks["ps"], roles.ranks["sparse"]
         self.dense_ranks = roles.ranks["dense"]
         self.steps = 0
+        self.dense_model = self._dense_part()
+        from horovod_prio.heter.exchange import Exchanges
+        from horovod_prio.tensorflow.optimizer import resolve_config
+        self.exchanges = Exchanges(self, resolve_config(priority), roles, self.rank, hvd,
+                                   self.dense_model.trainable_variables, self._sets["dense"])
         if self.role == "ps":
             self.shard = ps_mod.Shard(
                 self.ps_ranks.index(self.rank), len(self.ps_ranks),
@@ -361,15 +377,20 @@ class HeterTrainer:
             sums.append(tf.math.unsorted_segment_sum(values, pos[g], uniques[g]))
         return sums
 
-    def _build_dense(self):
-        tf = self.tf
+    def _dense_part(self):
+        """The model cut at the sparse-kind outputs (every rank builds it: the
+        dense allreduce's chunk plan, which sizes the priority vector, is the
+        same everywhere; it holds no weights of its own)."""
         acts = [c["tensor"] for c in self.cut]
         try:
-            self.dense_model = tf.keras.Model(self._dense_inputs + acts, self.model.outputs)
+            return self.tf.keras.Model(self._dense_inputs + acts, self.model.outputs)
         except ValueError as e:
             raise ValueError("the dense part of model %r cannot be cut at the sparse-kind "
                              "outputs (does a dense layer read an id input?): %s"
                              % (self.model.name, e))
+
+    def _build_dense(self):
+        tf = self.tf
         self.dense_vars = self.dense_model.trainable_variables
         if len(self.dense_ranks) > 1:
             self.hvd.broadcast_variables(self.dense_vars, root_rank=self.dense_ranks[0],
@@ -426,12 +447,13 @@ class HeterTrainer:
         self._bounds = {"sparse": split_batch(n, len(self.sparse_ranks)),
                         "dense": split_batch(n, len(self.dense_ranks))}
         self.steps += 1
-        return getattr(self, "_step_" + self.role)(inputs, labels)
+        self.exchanges.begin()
+        out = getattr(self, "_step_" + self.role)(inputs, labels)
+        self.exchanges.end()
+        return out
 
     def _alltoall(self, tensor, splits, set_name, what):
-        out, received = self.hvd.alltoall(tensor, splits=np.asarray(splits, np.int32),
-                                          name="heter.%s" % what,
-                                          process_set=self._sets[set_name])
+        out, received = self.exchanges.alltoall(tensor, splits, self._sets[set_name], what)
         return out, received.numpy()
 
     def _set_splits(self, set_name, ranks, counts):
@@ -558,9 +580,7 @@ class HeterTrainer:
         self._alltoall(dact, self._set_splits("sparse_dense", self.sparse_ranks, back),
                        "sparse_dense", "activation_grads")
         if len(self.dense_ranks) > 1:
-            grads = [self.hvd.allreduce(g, op=self.hvd.Sum, name="heter.dense.%d" % i,
-                                        process_set=self._sets["dense"])
-                     for i, g in enumerate(grads)]
+            grads = self.exchanges.allreduce_dense(grads)
         self._dense_apply(grads)
         return float(loss.numpy())
 
@@ -571,6 +591,7 @@ class HeterTrainer:
         pushes), and Horovod's shutdown on one rank -- explicit or at exit --
         fails every collective still in flight on the others."""
         if not getattr(self, "_closed", False):
+            self.exchanges.close()
             self.hvd.allreduce(np.zeros(1, np.float32), name="heter.close")
             self._closed = True
 

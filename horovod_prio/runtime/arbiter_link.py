@@ -1,8 +1,9 @@
 """Job side of the cross-job link arbiter: rank 0's scheduler <-> an
 :class:`~horovod_prio.arbiter.client.ArbiterClient`. No TensorFlow.
 
-:meth:`ArbiterLink.attach` (called by the runtime on rank 0 of a multi-rank
-job whose config names an arbiter) builds the client, registers the
+:meth:`ArbiterLink.attach` (called by the runtime on a holding rank -- rank 0
+of a multi-rank data-parallel job, the first rank of each role of a
+heterogeneous one -- whose config names an arbiter) builds the client, registers the
 scheduler's grant callbacks and turns external-grant mode on: every chunk
 that passes the local rule (priority order within the local credit) is then
 requested at the arbiter under its scheduler *ticket*, and released by the

@@ -4,8 +4,9 @@ A process has one :class:`Runtime` (:func:`get_runtime`, created on first
 use). It
 
 * configures the process-wide scheduler once (credit; ``hold`` on rank 0 of a
-  multi-rank job only: the other ranks never hold a chunk);
-* attaches the arbiter link (rank 0, when the job opted in);
+  multi-rank job only: the other ranks never hold a chunk -- a heterogeneous
+  trainer's job holds on the first rank of each role instead);
+* attaches the arbiter link (on a holding rank, when the job opted in);
 * owns the Chrome trace (one file per rank);
 * keeps one :class:`~horovod_prio.runtime.monitor.Monitor` per
   optimizer/tape identity and runs the thread that feeds them finished steps
@@ -71,19 +72,33 @@ class Runtime:
         self._said = set()            # first_time()
 
     # ------------------------------------------------------------------ set-up
-    def setup(self, config, rank, size, owner="an optimizer"):
+    def setup(self, config, rank, size, owner="an optimizer", hold=None):
         """Configure the process for ``config`` (first call) or check that
-        ``config`` agrees with the process settings (later calls)."""
+        ``config`` agrees with the process settings (later calls).
+
+        ``hold``: whether this process's scheduler holds chunks (and, with an
+        arbiter configured, joins it). Default: rank 0 of a multi-rank job,
+        which is a member of every collective of a data-parallel job. The
+        heterogeneous trainer's collectives run on process sets, so there the
+        first rank of each role holds (:func:`horovod_prio.method.heter.holders`)."""
+        if hold is None:
+            hold = rank == 0 and size > 1
         with self._lock:
             if self._closed:
                 raise RuntimeError("horovod_prio runtime is shut down (interpreter exit)")
             if self.settings is None:
-                self._first_setup(config, rank, size, owner)
+                self._first_setup(config, rank, size, owner, bool(hold))
                 return
             if (rank, size) != (self.rank, self.size):
                 raise RuntimeError(
                     "horovod_prio: the process was set up as rank %s of %s, now rank %s of %s: "
                     "Horovod elastic resizing is not supported" % (self.rank, self.size, rank, size))
+            if bool(hold) != self.hold:
+                raise ValueError(
+                    "horovod_prio: %s set the process up %s chunks, %s needs it %s: a "
+                    "process is either a data-parallel rank or a heterogeneous trainer's"
+                    % (self._settings_owner, "holding" if self.hold else "not holding", owner,
+                       "holding" if hold else "not holding"))
             for f in PROCESS_FIELDS:
                 mine, theirs = getattr(self.settings, f), getattr(config, f)
                 if mine != theirs:
@@ -94,12 +109,12 @@ class Runtime:
                         % (f, self._settings_owner, shown[0], owner, shown[1],
                            config.env_var(f)))
 
-    def _first_setup(self, config, rank, size, owner):
+    def _first_setup(self, config, rank, size, owner, hold):
         from horovod_prio.scheduler import Scheduler
         self.scheduler = self._scheduler_factory() if self._scheduler_factory else \
             Scheduler.process()
         self.rank, self.size = rank, size
-        self.hold = rank == 0 and size > 1
+        self.hold = hold
         self._set_credit(config.credit_bytes)
         if config.trace_path:
             path = trace_path_for_rank(config.trace_path, rank)

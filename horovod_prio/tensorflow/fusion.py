@@ -223,20 +223,33 @@ class PriorityAllreduce:
             priorities = ops.step_begin(monitor.slot, len(groups))
         else:  # fixed priorities, no step timing
             priorities = tf.constant(base_priorities(len(groups)), tf.int32)
-        reduced = []
-        for chunk in plan.chunks:
-            parts = [flats[s.tensor] if (s.offset, s.length) == (0, flats[s.tensor].shape[0])
-                     else flats[s.tensor][s.offset:s.offset + s.length] for s in chunk.segments]
-            x = parts[0] if len(parts) == 1 else tf.concat(parts, 0)
-            reduced.append(self.reduce_chunk(x, priorities[chunk.group], chunk.name))
+        reduced = [self.reduce_chunk(x, priorities[chunk.group], chunk.name)
+                   for chunk, x in zip(plan.chunks, pack_chunks(flats, plan))]
         if monitor is not None:
             ops.step_end(monitor.slot, reduced)
-        out = []
-        pieces = plan.pieces()
-        for t, ((g, ctx), f) in enumerate(zip(comp, flats)):
-            segs = [reduced[c] if (seg.chunk_offset, seg.length) == (0, plan.chunks[c].nelems)
-                    else reduced[c][seg.chunk_offset:seg.chunk_offset + seg.length]
-                    for c, seg in pieces.get(t, [])]
-            flat = f if not segs else segs[0] if len(segs) == 1 else tf.concat(segs, 0)
-            out.append(self.compression.decompress(tf.reshape(flat, tf.shape(g)), ctx))
-        return out
+        return [self.compression.decompress(tf.reshape(flat, tf.shape(g)), ctx)
+                for (g, ctx), flat in zip(comp, unpack_chunks(reduced, flats, plan))]
+
+
+def pack_chunks(flats, plan):
+    """The chunks of ``plan`` (a :class:`~horovod_prio.method.plan.Plan`) as
+    tensors, from the 1-D gradients ``flats`` (a whole gradient is itself)."""
+    out = []
+    for chunk in plan.chunks:
+        parts = [flats[s.tensor] if (s.offset, s.length) == (0, flats[s.tensor].shape[0])
+                 else flats[s.tensor][s.offset:s.offset + s.length] for s in chunk.segments]
+        out.append(parts[0] if len(parts) == 1 else tf.concat(parts, 0))
+    return out
+
+
+def unpack_chunks(reduced, flats, plan):
+    """The 1-D gradients back from the ``reduced`` chunks (a gradient in no
+    chunk stays ``flats``' own)."""
+    out = []
+    pieces = plan.pieces()
+    for t, f in enumerate(flats):
+        segs = [reduced[c] if (seg.chunk_offset, seg.length) == (0, plan.chunks[c].nelems)
+                else reduced[c][seg.chunk_offset:seg.chunk_offset + seg.length]
+                for c, seg in pieces.get(t, [])]
+        out.append(f if not segs else segs[0] if len(segs) == 1 else tf.concat(segs, 0))
+    return out

@@ -14,6 +14,10 @@ from horovod_prio.heter.trainer import HeterTrainer  # noqa: E402
 pytestmark = pytest.mark.tf_stack      # roles' process sets come from horovod.common
 
 
+# the stand-in world must not set up the process's runtime (a real job's state)
+NO_RUNTIME = {"enabled": False}
+
+
 class FakeHvd:
     def __init__(self, size, rank):
         self._size, self._rank = size, rank
@@ -36,7 +40,7 @@ def model(rows=10):
 def trainer(m, roles="ps=1,sparse=1,dense=1", size=3, rank=1):
     return HeterTrainer(m, tf.keras.losses.MeanSquaredError(), tf.keras.optimizers.SGD(0.1),
                         roles_mod.parse(roles, size),
-                        hvd=FakeHvd(size, rank))
+                        hvd=FakeHvd(size, rank), priority=NO_RUNTIME)
 
 
 def test_roles_for_another_job_size_are_named():

@@ -76,6 +76,20 @@ def test_first_setup_configures_the_scheduler_rank0_holds_others_do_not():
     assert solo.scheduler.stats()["hold"] is False
 
 
+def test_a_heterogeneous_job_says_which_ranks_hold_and_a_process_cannot_be_both():
+    # the first rank of a role holds whatever its rank; the default stays rank 0's
+    rt = runtime()
+    rt.setup(cfg(), rank=3, size=4, owner="HeterTrainer", hold=True)
+    assert rt.hold is True and rt.scheduler.stats()["hold"] is True
+    with pytest.raises(ValueError, match="HeterTrainer set the process up holding chunks, "
+                                         "DistributedSGD needs it not holding"):
+        rt.setup(cfg(), 3, 4, owner="DistributedSGD")
+    rt.shutdown()
+    rt0 = runtime()
+    rt0.setup(cfg(), rank=0, size=4, owner="HeterTrainer", hold=False)
+    assert rt0.scheduler.stats()["hold"] is False
+
+
 def test_overlap_sets_the_default_credit_unless_one_was_given(caplog):
     for rank, hold in ((0, True), (1, False)):
         rt = runtime()
