@@ -61,7 +61,7 @@ and prints p50/p99/mean per stage and the mean per stage of the slowest 1 %.
 ``--tree DIR`` imports ``horovod_prio`` from another checkout (server and
 jobs), to compare two versions of the code on the same machine state.
 
-Target (issue 5): p99 <= 300 us with 8 jobs connected.
+Target: p99 <= 300 us with 8 jobs connected.
 
 ``--grant-rate`` measures the grant policy alone (``core.Arbiter``, in
 process, no sockets): ``--rate-jobs`` jobs on one link each keep
