@@ -37,8 +37,10 @@ def _tf():
 
 def builtin_model(name: str):
     """The harness's workloads (benchmarks/models.py): ``mlp`` (784-2048-
-    2048-256-10, 6,331,146 params), ``cnn`` (small CNN on 28x28x1) and
-    ``mobilenetv2`` (Keras' MobileNetV2, ``weights=None``, 32x32x3, 10 classes)."""
+    2048-256-10, 6,331,146 params), ``cnn`` (small CNN on 28x28x1),
+    ``mobilenetv2`` (Keras' MobileNetV2, ``weights=None``, 32x32x3, 10 classes)
+    and ``transformer`` (a 4-block Transformer encoder on 64 patches of 48
+    values, 3,174,154 params)."""
     from benchmarks.models import HARNESS_MODELS, harness_model
     if name not in HARNESS_MODELS:
         raise ValueError(f"--model: unknown built-in model {name!r} (choose "
@@ -148,7 +150,7 @@ def main(argv=None) -> int:
     p = argparse.ArgumentParser(prog="python -m benchmarks.profile_model",
                                 description=__doc__.split("\n\n")[0])
     p.add_argument("--model", default="mlp",
-                   help="mlp | cnn | mobilenetv2 | path of a saved Keras model")
+                   help="mlp | cnn | mobilenetv2 | transformer | path of a saved Keras model")
     p.add_argument("--batch", type=int, default=32)
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--repeats", type=int, default=20)
