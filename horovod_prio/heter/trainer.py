@@ -506,8 +506,7 @@ class HeterTrainer:
         sd = self._ranks["sparse_dense"]
         dact, _ = self._alltoall(tf.zeros([0, self.features], tf.float32), [0] * len(sd),
                                  "sparse_dense", "activation_grads")
-        sums = backward(embs, positions, [tf.constant(s, tf.int32) for s in sizes],
-                                     dact)
+        sums = backward(embs, positions, [tf.constant(s, tf.int32) for s in sizes], dact)
         push = layout.pack([s.numpy() for s in sums], self.group_dims)
         self._alltoall(tf.constant(push),
                        self._set_splits("sparse_ps", self.ps_ranks, layout.row_splits),
