@@ -71,33 +71,31 @@ class ArbiterLink:
         if not config.arbiter:
             return None
         from horovod_prio.arbiter.client import client_from_config
-        if getattr(config, "arbiter_client", "native") == "native":
+        native = getattr(config, "arbiter_client", "native") == "native"
+        if native:      # the scheduler sends requests and takes grants itself
             from horovod_prio.scheduler.arbiter_client import NativeArbiterClient
             client = client_from_config(config, on_grant=None, client_cls=NativeArbiterClient,
                                         scheduler=scheduler)
             al = cls(scheduler, client, config.arbiter, config.link, native=True)
-            try:
-                client.attach()
-                scheduler.set_external_grant(True)
-            except BaseException:
-                al.close()
-                raise
-            log.info("horovod_prio: job %s joined link %s at arbiter %s (class %d, native client)",
-                     al.job_id, config.link, config.arbiter, config.job_priority)
-            return al
-        box = []
-        client = client_from_config(config, on_grant=lambda ticket: box[0].on_grant(ticket))
-        al = cls(scheduler, client, config.arbiter, config.link)
-        box.append(al)
+            hook = client.attach
+        else:           # the scheduler calls back into Python for each chunk
+            box = []
+            client = client_from_config(config, on_grant=lambda ticket: box[0].on_grant(ticket))
+            al = cls(scheduler, client, config.arbiter, config.link)
+            box.append(al)
+
+            def hook():
+                scheduler.set_grant_callbacks(request=al.on_request, complete=al.on_complete,
+                                              cancel=al.on_cancel)
         try:
-            scheduler.set_grant_callbacks(request=al.on_request, complete=al.on_complete,
-                                          cancel=al.on_cancel)
+            hook()
             scheduler.set_external_grant(True)
         except BaseException:
             al.close()
             raise
-        log.info("horovod_prio: job %s joined link %s at arbiter %s (class %d, python client)",
-                 al.job_id, config.link, config.arbiter, config.job_priority)
+        log.info("horovod_prio: job %s joined link %s at arbiter %s (class %d, %s client)",
+                 al.job_id, config.link, config.arbiter, config.job_priority,
+                 "native" if native else "python")
         return al
 
     def set_steps(self, steps, address=None):
