@@ -422,9 +422,9 @@ def worker(system: str, cfg: dict, out_dir: str) -> int:
                 if trainer.steps > cfg["warmup"]:
                     waits[what] = waits.get(what, 0.0) + time.perf_counter() - t
         trainer._alltoall = timed
-        for s in range(n):
+        for s in range(n):           # looking one batch ahead, as trainer.fit() does
             x, y = pool[s % len(pool)]
-            trainer.step(x, y)
+            trainer.step(x, y, next_inputs=pool[(s + 1) % len(pool)][0] if s + 1 < n else None)
             ends.append(time.time())
         rec["exchange_s_per_step"] = {k: v / cfg["steps"] for k, v in waits.items()}
         trainer.close()

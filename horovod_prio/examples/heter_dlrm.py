@@ -104,8 +104,12 @@ def worker(a):
                            roles, plan=plan)
     first_dense = trainer.role == "dense" and hvd.rank() == roles.ranks["dense"][0]
     losses = []
-    for step, (inputs, labels) in enumerate(batches(a), 1):
-        loss = trainer.step(inputs, labels)
+    data = batches(a)
+    cur = next(data)
+    for step in range(1, a.steps + 1):
+        nxt = next(data, None)          # looking one batch ahead saves the step an exchange
+        loss = trainer.step(*cur, next_inputs=None if nxt is None else nxt[0])
+        cur = nxt
         if first_dense:
             losses.append(loss)
             if step == 1 or step % 10 == 0 or step == a.steps:

@@ -25,6 +25,9 @@ does its role's part (docs/heter.md has the picture):
 7. dense trainers allreduce the dense gradients on ``dense`` and each applies
    the same Keras optimizer to its copy of the dense weights.
 
+Given the next batch (``next_inputs``, :meth:`HeterTrainer.fit`), step 6
+also carries the next step's keys, which skips step 2 next time.
+
 Every collective goes through :mod:`horovod_prio.heter.exchange`: the
 priority scheduler's gate (priorities and holders:
 :mod:`horovod_prio.method.heter`), the step clock of rank 0's monitor and,
@@ -37,10 +40,16 @@ the same kernels to the same inputs, so every copy is the one a server would
 hold, and a ring allreduce moves 2(D-1)/D of the dense bytes per trainer
 instead of a push and a pull of all of them through one server.
 """
+import collections
+import logging
+
 import numpy as np
 
 from horovod_prio.heter import placement as placement_mod
 from horovod_prio.heter import ps as ps_mod
+
+
+log = logging.getLogger("horovod_prio")
 
 
 def split_batch(n, parts):
@@ -56,6 +65,40 @@ def split_batch(n, parts):
 
 def _overlap(a, b):
     return max(0, min(a[1], b[1]) - max(a[0], b[0]))
+
+
+def _with_keys(rows, row_splits, keys, key_splits):
+    """Row gradients (float32, ``row_splits`` per shard) and the next step's
+    keys (int64, ``key_splits`` per shard) as one float32 message: each
+    shard's part is its row gradients, then its keys' bits (two float32 words
+    each; only copied, never computed on). Returns the message and its splits."""
+    words = np.ascontiguousarray(keys, np.int64).view(np.float32)
+    r = np.concatenate([[0], np.cumsum(row_splits)]).astype(np.int64)
+    k = 2 * np.concatenate([[0], np.cumsum(key_splits)]).astype(np.int64)
+    parts = []
+    for s in range(len(row_splits)):
+        parts += [rows[r[s]:r[s + 1]], words[k[s]:k[s + 1]]]
+    return np.concatenate(parts), [int(a) + 2 * int(b) for a, b in zip(row_splits, key_splits)]
+
+
+def _split_keys(message, got, row_floats):
+    """:func:`_with_keys` taken apart on a shard: ``got`` floats came from
+    each sparse trainer, the first ``row_floats`` of them row gradients.
+    Returns the row gradients and ``(next keys, keys per sender)``."""
+    rows, words, per = [], [], []
+    off = 0
+    for n, r in zip(got, row_floats):
+        n, r = int(n), int(r)
+        if n < r or (n - r) % 2:
+            raise RuntimeError("row gradients with next keys: %d floats from a sparse trainer "
+                               "that was sent %d row floats" % (n, r))
+        rows.append(message[off:off + r])
+        words.append(message[off + r:off + n])
+        per.append((n - r) // 2)
+        off += n
+    keys = np.ascontiguousarray(np.concatenate(words)).view(np.int64) if words else \
+        np.zeros([0], np.int64)
+    return np.concatenate(rows) if rows else message[:0], (keys, np.asarray(per, np.int64))
 
 
 def _per_sample(shape):
@@ -91,6 +134,7 @@ class KeyLayout:
         self.row_splits = np.bincount(self.owner, weights=self.dims,
                                       minlength=num_shards).astype(np.int64)
         self.uniform = len(set(dims)) == 1
+        self.sizes = [len(u) for u in uniques]
         self._mask = [self.group == g for g in range(len(uniques))]
 
     def unpack(self, flat, sizes, dims):
@@ -157,6 +201,9 @@ class HeterTrainer:
         self.ps_ranks, self.sparse_ranks = roles.ranks["ps"], roles.ranks["sparse"]
         self.dense_ranks = roles.ranks["dense"]
         self.steps = 0
+        self._ahead = None           # the next_inputs' ids the step before was given
+        self._pending = None         # what this rank received or made for them
+        self.exchange_counts = collections.Counter()   # alltoalls this rank ran, by exchange
         self.dense_model = self._dense_part()
         from horovod_prio.heter.exchange import Exchanges
         from horovod_prio.tensorflow.optimizer import resolve_config
@@ -419,40 +466,93 @@ class HeterTrainer:
         """ValueError naming the input and the ids out of its table (every
         rank runs this on the same global batch before any collective)."""
         n = len(labels)
-        for t in self.tables:
-            if t["input"] not in inputs:
-                raise ValueError("batch has no input %r (table %r)" % (t["input"], t["name"]))
-            ids = np.asarray(inputs[t["input"]])
-            if ids.shape[0] != n or tuple(ids.shape[1:]) != t["shape"]:
-                raise ValueError("input %r: shape %s, expected (%d,) + %s"
-                                 % (t["input"], ids.shape, n, t["shape"]))
-            bad = ids[(ids < 0) | (ids >= t["rows"])]
-            if bad.size:
-                raise ValueError("input %r: ids %s out of table %r's rows 0-%d"
-                                 % (t["input"], np.unique(bad)[:5].tolist(), t["name"],
-                                    t["rows"] - 1))
+        self._check_ids(inputs, n, "batch")
         for name in self.dense_input_names:
             if name not in inputs:
                 raise ValueError("batch has no input %r" % name)
-        if n < max(len(self.sparse_ranks), len(self.dense_ranks)):
-            raise ValueError("global batch of %d samples is smaller than the %d sparse / %d "
-                             "dense trainers" % (n, len(self.sparse_ranks), len(self.dense_ranks)))
+        self._check_size(n, "global batch")
 
-    def step(self, inputs, labels):
+    def _check_size(self, n, what):
+        if n < max(len(self.sparse_ranks), len(self.dense_ranks)):
+            raise ValueError("%s of %d samples is smaller than the %d sparse / %d dense trainers"
+                             % (what, n, len(self.sparse_ranks), len(self.dense_ranks)))
+
+    def _check_ids(self, inputs, n, what):
+        """The id inputs of ``inputs`` (``what``: "batch" or "next_inputs"):
+        present, ``n`` samples (None: as many as the first table's input), in
+        their tables' rows. Returns the sample count."""
+        prefix = "" if what == "batch" else what + ": "
+        for t in self.tables:
+            if t["input"] not in inputs:
+                raise ValueError("%s has no input %r (table %r)" % (what, t["input"], t["name"]))
+            ids = np.asarray(inputs[t["input"]])
+            if n is None:
+                n = int(ids.shape[0]) if ids.ndim else -1
+            if ids.shape[0:1] != (n,) or tuple(ids.shape[1:]) != t["shape"]:
+                raise ValueError("%sinput %r: shape %s, expected (%d,) + %s"
+                                 % (prefix, t["input"], ids.shape, n, t["shape"]))
+            bad = ids[(ids < 0) | (ids >= t["rows"])]
+            if bad.size:
+                raise ValueError("%sinput %r: ids %s out of table %r's rows 0-%d"
+                                 % (prefix, t["input"], np.unique(bad)[:5].tolist(), t["name"],
+                                    t["rows"] - 1))
+        return n
+
+    def step(self, inputs, labels, next_inputs=None):
         """One synchronous step on the global batch (``inputs``: model input
         name -> array, ``labels``). Returns the dense trainer's local loss on
-        dense trainers, None elsewhere."""
+        dense trainers, None elsewhere.
+
+        ``next_inputs``: the next step's inputs, if known (the same on every
+        rank, as the batch is). The sparse trainers then send the next step's
+        keys with this step's row gradients, and the next step starts at the
+        pull: one exchange fewer on the step's path, the same math. If the
+        next call's inputs differ from them, that step sends its keys as
+        usual (a warning says so). :meth:`fit` looks ahead for you."""
         self.check_batch(inputs, labels)
+        n_next = None if next_inputs is None else \
+            self._check_ids(next_inputs, None, "next_inputs")
+        if n_next is not None:
+            self._check_size(n_next, "next_inputs")
+        ahead = self._ahead is not None and self._same_ids(inputs, self._ahead)
+        if self._ahead is not None and not ahead:
+            log.warning("horovod_prio: HeterTrainer step %d: the inputs differ from the "
+                        "next_inputs given to the step before; sending their keys again",
+                        self.steps + 1)
+        self._ahead = None if next_inputs is None else \
+            {t["input"]: np.array(next_inputs[t["input"]], copy=True) for t in self.tables}
         n = len(labels)
         self._bounds = {"sparse": split_batch(n, len(self.sparse_ranks)),
                         "dense": split_batch(n, len(self.dense_ranks))}
         self.steps += 1
         self.exchanges.begin()
-        out = getattr(self, "_step_" + self.role)(inputs, labels)
+        out = getattr(self, "_step_" + self.role)(inputs, labels, ahead, next_inputs, n_next)
         self.exchanges.end()
         return out
 
+    def _same_ids(self, inputs, ahead):
+        return all(np.array_equal(np.asarray(inputs[t["input"]]), ahead[t["input"]])
+                   for t in self.tables)
+
+    def fit(self, batches, steps=None):
+        """Train on ``batches`` (an iterable of ``(inputs, labels)``, the same
+        on every rank), one :meth:`step` each -- at most ``steps`` -- looking
+        one batch ahead (``next_inputs``). Returns the steps' results."""
+        if steps is not None and (isinstance(steps, bool) or not isinstance(steps, int)
+                                  or steps < 0):
+            raise ValueError("steps=%r: give a number of steps >= 0 or None" % (steps,))
+        it, out = iter(batches), []
+        cur = next(it, None) if steps != 0 else None
+        while cur is not None:
+            last = steps is not None and len(out) + 1 >= steps
+            nxt = None if last else next(it, None)
+            out.append(self.step(cur[0], cur[1],
+                                 next_inputs=None if nxt is None else nxt[0]))
+            cur = nxt
+        return out
+
     def _alltoall(self, tensor, splits, set_name, what):
+        self.exchange_counts[what] += 1
         out, received = self.exchanges.alltoall(tensor, splits, self._sets[set_name], what)
         return out, received.numpy()
 
@@ -476,10 +576,12 @@ class HeterTrainer:
         blocks = np.array([t["sharding"].block for t in self.tables], np.int64)
         return local // blocks[table]
 
-    def _step_sparse(self, inputs, labels):
+    def _keys(self, inputs, n):
+        """This sparse trainer's slice of a batch of ``n`` samples: its unique
+        keys per group, where they go (:class:`KeyLayout`), the ids' positions
+        among them, and the slice's bounds."""
         tf = self.tf
-        si = self.sparse_ranks.index(self.rank)
-        lo, hi = self._bounds["sparse"][si]
+        lo, hi = split_batch(n, len(self.sparse_ranks))[self.sparse_ranks.index(self.rank)]
         uniques, positions, owners = [], [], []
         for members in self.groups:
             keys = np.concatenate(
@@ -490,36 +592,53 @@ class HeterTrainer:
             uniques.append(uniq)
             positions.append(pos)
             owners.append(self._owners(uniq, members))
-        layout = KeyLayout(uniques, self.group_dims, owners, len(self.ps_ranks))
-        self._alltoall(tf.constant(layout.keys, tf.int64),
-                       self._set_splits("sparse_ps", self.ps_ranks, layout.splits),
-                       "sparse_ps", "keys")
+        return KeyLayout(uniques, self.group_dims, owners, len(self.ps_ranks)), positions, (lo, hi)
+
+    def _step_sparse(self, inputs, labels, ahead, next_inputs, n_next):
+        tf = self.tf
+        if ahead:                    # the shards have these keys since the last push
+            layout, positions, (lo, hi) = self._pending
+        else:
+            layout, positions, (lo, hi) = self._keys(inputs, len(labels))
+            self._alltoall(tf.constant(layout.keys, tf.int64),
+                           self._set_splits("sparse_ps", self.ps_ranks, layout.splits),
+                           "sparse_ps", "keys")
+        self._pending = None
         sp = self._ranks["sparse_ps"]
         flat, _ = self._alltoall(tf.zeros([0], tf.float32), [0] * len(sp), "sparse_ps", "rows")
-        sizes = [len(u) for u in uniques]
+        sizes = layout.sizes
         rows = layout.unpack(flat.numpy(), sizes, self.group_dims)
         forward, backward = self._sparse_functions(hi - lo)
         act, embs = forward([tf.constant(r) for r in rows], positions)
         to_dense = [_overlap((lo, hi), b) for b in self._bounds["dense"]]
         self._alltoall(act, self._set_splits("sparse_dense", self.dense_ranks, to_dense),
                        "sparse_dense", "activations")
+        # the next batch's keys while the dense trainers compute
+        nxt = None if next_inputs is None else self._keys(next_inputs, n_next)
         sd = self._ranks["sparse_dense"]
         dact, _ = self._alltoall(tf.zeros([0, self.features], tf.float32), [0] * len(sd),
                                  "sparse_dense", "activation_grads")
         sums = backward(embs, positions, [tf.constant(s, tf.int32) for s in sizes], dact)
         push = layout.pack([s.numpy() for s in sums], self.group_dims)
-        self._alltoall(tf.constant(push),
-                       self._set_splits("sparse_ps", self.ps_ranks, layout.row_splits),
+        splits = layout.row_splits
+        if nxt is not None:          # each shard's part: its row gradients, then its next keys
+            push, splits = _with_keys(push, layout.row_splits, nxt[0].keys, nxt[0].splits)
+        self._alltoall(tf.constant(push), self._set_splits("sparse_ps", self.ps_ranks, splits),
                        "sparse_ps", "row_grads")
+        self._pending = nxt
         return None
 
     # parameter-server shard ------------------------------------------------------
 
-    def _step_ps(self, inputs, labels):
+    def _step_ps(self, inputs, labels, ahead, next_inputs, n_next):
         tf = self.tf
         sp = self._ranks["sparse_ps"]
-        keys, got = self._alltoall(tf.zeros([0], tf.int64), [0] * len(sp), "sparse_ps", "keys")
-        keys = keys.numpy()
+        if ahead:                    # sent with the last step's row gradients
+            keys, got = self._pending
+        else:
+            keys, got = self._alltoall(tf.zeros([0], tf.int64), [0] * len(sp), "sparse_ps", "keys")
+            keys = keys.numpy()
+        self._pending = None
         table_of = np.searchsorted(self.offsets, keys, side="right") - 1
         dims = np.array([t["dim"] for t in self.tables], np.int64)
         per_key = dims[table_of]
@@ -543,9 +662,11 @@ class HeterTrainer:
         bounds = np.concatenate([[0], np.cumsum(got)])
         splits = [int(per_key[bounds[i]:bounds[i + 1]].sum()) for i in range(len(sp))]
         self._alltoall(tf.constant(flat), splits, "sparse_ps", "rows")
-        grads, _ = self._alltoall(tf.zeros([0], tf.float32), [0] * len(sp), "sparse_ps",
-                                  "row_grads")
+        grads, got_push = self._alltoall(tf.zeros([0], tf.float32), [0] * len(sp), "sparse_ps",
+                                         "row_grads")
         grads = grads.numpy()
+        if next_inputs is not None:
+            grads, self._pending = _split_keys(grads, got_push, splits)
         if uniform:
             rows = grads.reshape(-1, self.group_dims[0])
             values = [rows[w] for w in idx]
@@ -557,7 +678,7 @@ class HeterTrainer:
 
     # dense trainer ------------------------------------------------------------------
 
-    def _step_dense(self, inputs, labels):
+    def _step_dense(self, inputs, labels, ahead, next_inputs, n_next):
         tf = self.tf
         di = self.dense_ranks.index(self.rank)
         lo, hi = self._bounds["dense"][di]

@@ -15,7 +15,8 @@ priorities ``0..N-1``, the adaptive boost raising the last groups):
   trainers need the reduced gradients only when the next step's activations
   have arrived, after the next step's pull and the sparse trainers' forward;
 * then the row-gradient push: the next step's pull waits for it (a shard
-  answers the next keys only after it applied the push), and the pull comes
+  answers the next keys only after it applied the push; with the next batch
+  known, the push carries those keys too), and the pull comes
   before anything the dense trainers do in the next step -- so the push
   ranks above the dense allreduce, which runs beside it on other ranks;
 * last, highest: the step's own path -- keys, rows, activations and

@@ -45,7 +45,14 @@ def test_three_roles_train_the_same_weights_as_one_process(controller, tmp_path)
         assert len(dense_checks) == 4 and dense[kind]["losses_finite"]
         for name, check in dense_checks.items():
             assert check["equal"], (kind, name, check)
-    for r in reports:      # a restored trainer takes the next step to the same bits
+    # fit() looks one batch ahead: after its first step the keys ride with the
+    # row gradients (the shards answer from them), the weights stay bit for bit
+    for r in reports:
+        want = {"sgd": 20, "adagrad": 1, "adam": 1} if r["role"] != "dense" else \
+            {"sgd": 0, "adagrad": 0, "adam": 0}
+        assert r["keys_exchanges"] == want, r
+    for r in reports:      # a restored trainer takes the next steps to the same bits,
+        # also when the trainer was told a next batch that did not come
         assert r["restored_step"] == 20 and r["restored"] is True, r
         assert r["checkpoint"] == ["dense.npz", "heter.json", "shard-0-of-1.npz"], r
     for r in reports:      # the same clear error on every rank, and training goes on
@@ -90,6 +97,9 @@ def test_two_of_each_role_interleaved_match_one_process_within_float32_reorderin
                     assert check["max_abs"] <= 1e-6, (r["role"], kind, name, check)
                     checked += 1
     assert checked == 2 * (4 + 6) + 2 * (4 + 4)   # per shard: tables + slots; per dense: 4 weights
+    for r in reports:     # Adagrad step by step, Adam through fit(): keys sent with the pushes
+        want = {"adagrad": 20, "adam": 1} if r["role"] != "dense" else {"adagrad": 0, "adam": 0}
+        assert r["keys_exchanges"] == want, r
 
 
 def test_pooling_runs_on_the_sparse_trainer_and_matches_one_process(tmp_path):
@@ -115,6 +125,8 @@ def test_pooling_runs_on_the_sparse_trainer_and_matches_one_process(tmp_path):
                     checked += 1
     # shard: 2 tables + 2 accumulators (Adagrad), + 2 x (m, v) (Adam); dense: 4 weights each
     assert checked == (2 + 2) + (2 + 4) + 2 * 4
+    assert [r["keys_exchanges"] for r in reports] == [{"adagrad": 1, "adam": 1}] * 2 + [
+        {"adagrad": 0, "adam": 0}]
 
 
 def test_tables_live_only_on_the_shards(tmp_path):

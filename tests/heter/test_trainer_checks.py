@@ -113,3 +113,42 @@ def test_bad_batches_are_named_before_any_collective():
     with pytest.raises(ValueError, match="global batch of 1 samples is smaller than"):
         trainer(model(), "ps=1,sparse=2,dense=1", size=4).check_batch(
             {"ids": x["ids"][:1], "x": x["x"][:1]}, y[:1])
+
+
+def test_bad_next_inputs_are_named_before_any_collective():
+    """step(next_inputs=...) checks the next batch's ids with the batch's
+    (FakeHvd has no collectives: reaching one would raise AttributeError)."""
+    t = trainer(model())
+    x = {"ids": np.array([[0, 1], [2, 3]]), "x": np.zeros((2, 3), np.float32)}
+    y = np.zeros((2, 1), np.float32)
+    with pytest.raises(ValueError, match=r"next_inputs: input 'ids': ids \[10\] out of table "
+                                         r"'emb''s rows 0-9"):
+        t.step(x, y, next_inputs={"ids": np.array([[0, 10]])})
+    with pytest.raises(ValueError, match=r"next_inputs has no input 'ids' \(table 'emb'\)"):
+        t.step(x, y, next_inputs={"x": x["x"]})
+    with pytest.raises(ValueError, match="next_inputs of 1 samples is smaller than"):
+        trainer(model(), "ps=1,sparse=2,dense=1", size=4).step(
+            x, y, next_inputs={"ids": x["ids"][:1]})
+    assert t.steps == 0 and t._ahead is None
+    with pytest.raises(ValueError, match=r"steps=-1: give a number of steps >= 0 or None"):
+        t.fit([(x, y)], steps=-1)
+    assert t.fit([(x, y)], steps=0) == []
+
+
+def test_next_keys_ride_with_the_row_gradients_bit_for_bit():
+    """The float32 message of row gradients + next keys (two shards) comes
+    apart on a shard into the same gradients and int64 keys, also keys whose
+    words read as NaN floats."""
+    from horovod_prio.heter.trainer import _split_keys, _with_keys
+    rows = np.arange(10, dtype=np.float32) + 0.5             # 6 floats to shard 0, 4 to shard 1
+    keys = np.array([3, 0x7FC00001_7FC00001, 5, 2 ** 40 + 7, 11], np.int64)  # 2 to 0, 3 to 1
+    msg, splits = _with_keys(rows, [6, 4], keys, [2, 3])
+    assert msg.dtype == np.float32 and splits == [6 + 4, 4 + 6]
+    # shard 1 receives its part (another sender sent it nothing)
+    got_rows, (got_keys, per) = _split_keys(msg[10:], [0, 10], [0, 4])
+    assert np.array_equal(got_rows, rows[6:]) and np.array_equal(got_keys, keys[2:])
+    assert per.tolist() == [0, 3]
+    got_rows, (got_keys, per) = _split_keys(msg[:10], [10], [6])
+    assert np.array_equal(got_rows, rows[:6]) and got_keys.tolist() == keys[:2].tolist()
+    with pytest.raises(RuntimeError, match="9 floats from a sparse trainer that was sent 6"):
+        _split_keys(msg[:9], [9], [6])
