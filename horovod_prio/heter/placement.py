@@ -21,7 +21,9 @@ A gather of integers (entries of a shape vector, as in ``Tensordot`` or a
 mean's gradient) does not count as a sparse op.
 
 A per-layer override (``{"layer_name": "sparse" | "dense"}``) wins over the
-op types. The table of op types is stated here once (docs/heter.md repeats it).
+op types. The table of op types is stated here once (docs/heter.md repeats it);
+:mod:`horovod_prio.heter.tape_placement` applies the same tables and rule
+(:func:`classify`) to the variables of a tape-based training step.
 """
 import collections
 import contextlib
@@ -54,6 +56,85 @@ DENSE_OP_TYPES = frozenset({
     "Conv3DBackpropInputV2", "Conv3DBackpropFilterV2", "DepthwiseConv2dNative",
     "DepthwiseConv2dNativeBackpropInput", "DepthwiseConv2dNativeBackpropFilter",
 })
+
+def classify(op_types):
+    """(kind, reason, sparse op types, dense op types) of a unit whose forward
+    and backward graph holds ``op_types`` (integer gathers already left out):
+    any sparse op -> sparse, else any dense op -> dense, else dense with the
+    reason "no typed op"."""
+    sparse, dense = sorted(op_types & SPARSE_OP_TYPES), sorted(op_types & DENSE_OP_TYPES)
+    if sparse:
+        return "sparse", "ops " + ",".join(sparse), tuple(sparse), tuple(dense)
+    if dense:
+        return "dense", "ops " + ",".join(dense), tuple(sparse), tuple(dense)
+    return "dense", "no typed op", tuple(sparse), tuple(dense)
+
+
+def check_overrides(overrides, names, what, owner):
+    """``overrides`` as a dict, every key one of ``names`` (the ``what``s of
+    ``owner``, e.g. "layer", "model 'm'") and every value one of KINDS."""
+    overrides = dict(overrides or {})
+    for name, kind in overrides.items():
+        if name not in names:
+            raise ValueError("placement override names %s %r, which %s does not have "
+                             "(its %ss: %s)" % (what, name, owner, what, ", ".join(names)))
+        if kind not in KINDS:
+            raise ValueError("placement override for %s %r: kind %r is not one of %s"
+                             % (what, name, kind, ", ".join(KINDS)))
+    return overrides
+
+
+def overridden(kind, reason, name, overrides):
+    """(kind, reason) after ``overrides`` (checked by :func:`check_overrides`)."""
+    if name in overrides:
+        return overrides[name], "override (ops said %s: %s)" % (kind, reason)
+    return kind, reason
+
+
+def table_traffic(ids, rows, dim):
+    """(key bytes, row bytes) one way for ``ids`` lookups into a table of
+    ``rows`` x ``dim``: every id distinct, capped at the table; 8-byte keys,
+    float32 rows as the shards hold them."""
+    touched = min(ids, rows)
+    return touched * 8, touched * dim * 4
+
+
+def ring_bytes(dense, trainers):
+    """Bytes a ring allreduce of ``dense`` bytes sends per trainer."""
+    return 0 if trainers == 1 else 2 * (trainers - 1) * dense // trainers
+
+
+class KindPlan:
+    """What every plan answers: a unit's kind, the units and parameter bytes
+    of each kind (units: layers of a model, variables of a tape step)."""
+
+    unit_word = "units"
+
+    def __init__(self, units):
+        self.units = units
+        self._by_name = {p.name: p for p in units}
+
+    def kind(self, name):
+        return self._by_name[name].kind
+
+    def names(self, kind):
+        return [p.name for p in self.units if p.kind == kind]
+
+    def param_bytes(self, kind):
+        return sum(p.param_bytes for p in self.units if p.kind == kind)
+
+    def kind_lines(self):
+        return ["%s kind: %d %s, %d parameter bytes"
+                % (k, len(self.names(k)), self.unit_word, self.param_bytes(k)) for k in KINDS]
+
+    def require_sparse(self, what):
+        if not self.names("sparse"):
+            raise ValueError("%s has no %s with a sparse op (%s ...): nothing for sparse "
+                             "trainers or parameter-server shards; train it data-parallel, or "
+                             "override a %s to 'sparse'"
+                             % (what, self.unit_word[:-1], ", ".join(sorted(SPARSE_OP_TYPES)[:4]),
+                                self.unit_word[:-1]))
+
 
 LayerPlacement = collections.namedtuple(
     "LayerPlacement", "name cls kind reason param_bytes out_bytes_per_sample sparse_ops dense_ops")
@@ -184,23 +265,16 @@ def _out_bytes_per_sample(layer):
     return total
 
 
-class Plan:
+class Plan(KindPlan):
     """Layer -> kind for one model, with its sizes (see :func:`place`)."""
 
+    unit_word = "layers"
+
     def __init__(self, model, layers):
+        super().__init__(layers)
         self.model_name = model.name
         self.layers = layers
-        self._by_name = {p.name: p for p in layers}
         self._model = model
-
-    def kind(self, name):
-        return self._by_name[name].kind
-
-    def names(self, kind):
-        return [p.name for p in self.layers if p.kind == kind]
-
-    def param_bytes(self, kind):
-        return sum(p.param_bytes for p in self.layers if p.kind == kind)
 
     def boundary(self):
         """Sparse-kind layers whose output a dense-kind layer consumes (the
@@ -241,13 +315,11 @@ class Plan:
             shape = table_shape(layer)
             if shape is None:
                 continue
-            touched = min(batch_size * ids_per_sample, shape[0])
-            keys += touched * 8
-            rows += touched * shape[1] * 4          # float32 rows, as the shards hold them
+            k, r = table_traffic(batch_size * ids_per_sample, *shape)
+            keys, rows = keys + k, rows + r
         for p in self.boundary():
             acts += batch_size * (p.out_bytes_per_sample or 0)
-        dense = self.param_bytes("dense")
-        ring = 0 if dense_trainers == 1 else 2 * (dense_trainers - 1) * dense // dense_trainers
+        ring = ring_bytes(self.param_bytes("dense"), dense_trainers)
         return collections.OrderedDict([
             ("pull_keys", keys), ("pull_rows", rows), ("activations", acts),
             ("activation_grads", acts), ("push_row_grads", rows),
@@ -259,9 +331,7 @@ class Plan:
                  "%-24s %-22s %-7s %12s  %s" % ("layer", "class", "kind", "param bytes", "why")]
         for p in self.layers:
             lines.append("%-24s %-22s %-7s %12d  %s" % (p.name, p.cls, p.kind, p.param_bytes, p.reason))
-        for k in KINDS:
-            lines.append("%s kind: %d layers, %d parameter bytes"
-                         % (k, len(self.names(k)), self.param_bytes(k)))
+        lines.extend(self.kind_lines())
         if batch_size:
             lines.append("per step at global batch %d (upper bound, every id distinct):" % batch_size)
             for name, n in self.exchange_bytes(batch_size, dense_trainers).items():
@@ -303,38 +373,20 @@ def place(model, overrides=None, require_sparse=True):
     and (``require_sparse``) when no layer ends up sparse: such a model has
     nothing for sparse trainers or parameter-server shards to do.
     """
-    overrides = dict(overrides or {})
-    names = [l.name for l in model.layers]
-    for name, kind in overrides.items():
-        if name not in names:
-            raise ValueError("placement override names layer %r, which model %r does not have "
-                             "(its layers: %s)" % (name, model.name, ", ".join(names)))
-        if kind not in KINDS:
-            raise ValueError("placement override for layer %r: kind %r is not one of %s"
-                             % (name, kind, ", ".join(KINDS)))
+    overrides = check_overrides(overrides, [l.name for l in model.layers], "layer",
+                                "model %r" % model.name)
     tf = _tf()
     placed = []
     for layer in model.layers:
         if isinstance(layer, tf.keras.layers.InputLayer):
             continue
-        ops = layer_op_types(layer)
-        sparse, dense = sorted(ops & SPARSE_OP_TYPES), sorted(ops & DENSE_OP_TYPES)
-        if sparse:
-            kind, reason = "sparse", "ops " + ",".join(sparse)
-        elif dense:
-            kind, reason = "dense", "ops " + ",".join(dense)
-        else:
-            kind, reason = "dense", "no typed op"
-        if layer.name in overrides:
-            kind, reason = overrides[layer.name], "override (ops said %s: %s)" % (kind, reason)
+        kind, reason, sparse, dense = classify(layer_op_types(layer))
+        kind, reason = overridden(kind, reason, layer.name, overrides)
         placed.append(LayerPlacement(layer.name, type(layer).__name__, kind, reason,
                                      _param_bytes(layer), _out_bytes_per_sample(layer),
-                                     tuple(sparse), tuple(dense)))
+                                     sparse, dense))
     placed = _reductions_to_sparse(model, placed, overrides)
     plan = Plan(model, placed)
-    if require_sparse and not plan.names("sparse"):
-        raise ValueError("model %r has no layer with a sparse op (%s ...): nothing for sparse "
-                         "trainers or parameter-server shards; train it data-parallel, or "
-                         "override a layer to 'sparse'"
-                         % (model.name, ", ".join(sorted(SPARSE_OP_TYPES)[:4])))
+    if require_sparse:
+        plan.require_sparse("model %r" % model.name)
     return plan

@@ -47,6 +47,7 @@ import numpy as np
 
 from horovod_prio.heter import placement as placement_mod
 from horovod_prio.heter import ps as ps_mod
+from horovod_prio.heter.tape_placement import StepPlan
 
 
 log = logging.getLogger("horovod_prio")
@@ -171,11 +172,12 @@ class HeterTrainer:
     ``optimizer``: the Keras optimizer single-process training would use (the
     dense trainers apply it; the shards apply the same rule to the tables);
     ``plan``: :func:`horovod_prio.heter.placement.place` of the model (done
-    here unless given); ``sharding``: ``"mod"`` or ``"range"``; ``priority``:
-    a :class:`~horovod_prio.method.config.PriorityConfig`, a dict of its
-    fields or None (from the ``HOROVOD_PRIO_*`` variables, as for a
-    data-parallel optimizer): the exchanges go through the priority scheduler,
-    its monitor and, if configured, the link arbiter
+    here unless given; a tape step's plan is refused with a TypeError);
+    ``sharding``: ``"mod"`` or ``"range"``; ``priority``: a
+    :class:`~horovod_prio.method.config.PriorityConfig`, a dict of its fields
+    or None (from the ``HOROVOD_PRIO_*`` variables, as for a data-parallel
+    optimizer): the exchanges go through the priority scheduler, its monitor
+    and, if configured, the link arbiter
     (:mod:`horovod_prio.heter.exchange`).
     Call after ``hvd.init(process_sets=roles.process_sets())``, and
     :meth:`close` before the script ends.
@@ -183,6 +185,12 @@ class HeterTrainer:
 
     def __init__(self, model, loss, optimizer, roles, plan=None, sharding="mod", hvd=None,
                  priority=None):
+        if isinstance(plan, StepPlan):
+            raise TypeError(
+                "plan is the placement of tape step %r (tape_placement.place_step), which is for "
+                "inspection: HeterTrainer runs Keras models only; build the model as Keras "
+                "layers (tf.keras.layers.Embedding tables, a functional tf.keras.Model) and pass "
+                "plan=placement.place(model) or no plan" % plan.step_name)
         import tensorflow as tf
         if hvd is None:
             import horovod.tensorflow as hvd
