@@ -2,11 +2,16 @@
 
 Pure arithmetic on measured parts (seconds, bytes, bits per second):
 
-* **link floor** -- bytes that must cross the bottleneck / its rate. A ring
-  allreduce of S bytes on n ranks sends 2(n-1)/n x S from every rank
-  (reduce-scatter + allgather); when the ring crosses the bottleneck once per
-  direction (the testbed's uplink), each direction carries that per job:
-  :func:`ring_floor`.
+* **link floor** -- bytes that must cross the bottleneck / its rate, counted
+  as the bottleneck's shaper counts them: whole frames on the wire, not
+  payload. A TCP/IPv4 stream over Ethernet at MTU m carries m + 14 bytes per
+  m - 52 of payload (1514 per 1448 at 1500: 4.6 % more), the simulator's
+  frame rule (:mod:`horovod_prio.sim.wire`); ``mtu`` defaults to the
+  testbed's (``benchmarks.testbed.MTU``), ``mtu=0`` counts payload only
+  (:func:`link_floor`). A ring allreduce of S bytes on n ranks sends
+  2(n-1)/n x S from every rank (reduce-scatter + allgather); when the ring
+  crosses the bottleneck once per direction (the testbed's uplink), each
+  direction carries that per job: :func:`ring_floor`.
 * **overlap ceiling** -- the best step a barrier crossing (``hvd.overlap``:
   the next step's forward starts while gradients still cross the link) can
   reach: compute and communication overlap completely, so the step is at
@@ -30,6 +35,11 @@ import math
 import statistics
 from dataclasses import dataclass
 
+from horovod_prio.sim import wire
+from horovod_prio.sim.wire import check_mtu
+
+from .testbed import MTU
+
 MIN_HEADROOM = 0.10
 
 
@@ -50,17 +60,32 @@ def ring_allreduce_bytes(grad_bytes: float, ranks: int) -> float:
     return 2 * (ranks - 1) / ranks * grad_bytes
 
 
-def link_floor(nbytes: float, rate_bps: float) -> float:
-    """Seconds ``nbytes`` take through a bottleneck of ``rate_bps`` bits/s."""
-    return _pos("bytes", nbytes, zero_ok=True) * 8 / _pos("rate", rate_bps)
+def wire_bytes(nbytes: float, mtu: int = MTU) -> float:
+    """Bytes a link of ``mtu`` carries for ``nbytes`` of TCP payload (0: payload only)."""
+    return wire.wire_bytes(_pos("bytes", nbytes, zero_ok=True), check_mtu(mtu))
 
 
-def ring_floor(grad_bytes: float, ranks: int, rate_bps: float, jobs: int = 1) -> float:
+def link_floor(nbytes: float, rate_bps: float, mtu: int = MTU) -> float:
+    """Seconds ``nbytes`` of TCP payload take through a bottleneck of
+    ``rate_bps`` bits/s that counts Ethernet frames of ``mtu`` (0: payload only)."""
+    nbytes = _pos("bytes", nbytes, zero_ok=True)
+    rate = _pos("rate", rate_bps)
+    return wire_bytes(nbytes, mtu) * 8 / rate
+
+
+def ring_floor(grad_bytes: float, ranks: int, rate_bps: float, jobs: int = 1,
+               mtu: int = MTU) -> float:
     """Link floor per step of ``jobs`` identical jobs whose ring allreduce of
-    ``grad_bytes`` crosses a bottleneck of ``rate_bps`` once per direction."""
+    ``grad_bytes`` crosses a bottleneck of ``rate_bps`` once per direction, in
+    frames of ``mtu``."""
     if not isinstance(jobs, int) or isinstance(jobs, bool) or jobs < 1:
         raise ValueError(f"jobs must be an integer >= 1, got {jobs!r}")
-    return link_floor(jobs * ring_allreduce_bytes(grad_bytes, ranks), rate_bps)
+    return link_floor(jobs * ring_allreduce_bytes(grad_bytes, ranks), rate_bps, mtu)
+
+
+def floor_label(mtu: int) -> str:
+    """How a report names its link floor's unit: ``wire bytes at MTU 1500``."""
+    return f"wire bytes at MTU {mtu}" if check_mtu(mtu) else "payload bytes (no framing)"
 
 
 # ---------------------------------------------------------------- overlap ceiling

@@ -65,6 +65,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from horovod_prio.method import units
+from horovod_prio.sim.wire import ETHERNET_MTU
 
 from . import cgroups
 from .cgroups import Cgroup, Limits
@@ -74,9 +75,10 @@ from .netns import (HarnessError, check_shaping, cleaned_up_at_exit, kill_namesp
 
 PREFIX = "hprio-tb-"
 #: MTU of every veth of the testbed, the uplink's included: they are created
-#: without one, so the kernel's default. The uplink's shaper counts each frame's
-#: headers (benchmarks.sim_check models them: LinkConfig.mtu)
-MTU = 1500
+#: without one, so the kernel's default, Ethernet's. The uplink's shaper counts
+#: each frame's headers (horovod_prio.sim.wire's rule: benchmarks.sim_check
+#: models them with LinkConfig.mtu, benchmarks.bounds' link floor counts them)
+MTU = ETHERNET_MTU
 ETC_NETNS = Path("/etc/netns")
 LOGIN_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 _HOST_RE = re.compile(r"^[a-z][a-z0-9-]{0,14}$")

@@ -20,7 +20,9 @@ Model (see docs/sim.md for the discussion):
   link that is the textbook ``2(N-1)/N*S/B + latency`` term. With ``mtu``
   the link also carries the frames' headers: ``link_bytes`` grows by
   ``(mtu + 14) / (mtu - 52)`` (TCP/IPv4 with timestamps over Ethernet; 1514
-  bytes per 1448 of payload at MTU 1500), as a shaper counts them. Each collective
+  bytes per 1448 of payload at MTU 1500), as a shaper counts them (the
+  frame rule of :mod:`horovod_prio.sim.wire`, which the benchmarks' link
+  floor uses too). Each collective
   also pays ``collective_overhead`` (Horovod's negotiation round and the
   per-op work of the ranks, measured on a testbed; default 0) before it
   occupies the link, holding the job's one collective slot meanwhile.
@@ -81,6 +83,7 @@ from ..method.config import PriorityConfig
 from ..method.plan import step_plan
 from ..method.sequence import base_priorities
 from ..scheduler import UNLIMITED, Scheduler
+from . import wire
 from .profiles import Profile
 
 MODES = ("fifo", "priority", "arbiter", "adaptive")
@@ -106,18 +109,11 @@ class LinkConfig:
     arbiter_rtt: float = 0.0                   # s, job <-> arbiter round trip
     mtu: int = 0                               # TCP over Ethernet frames of this MTU; 0: payload only
 
-    #: bytes of every TCP/IPv4 frame inside the MTU that are not payload (IPv4 20,
-    #: TCP 20, the timestamp option 12, on by default in Linux) and outside it (the
-    #: Ethernet header 14, which a qdisc on the sending device counts)
-    TCP_HEADERS, ETHERNET_HEADER = 52, 14
-
     def wire_factor(self) -> float:
-        """Bytes the link carries per payload byte: a TCP stream is cut into
-        frames of ``mtu - 52`` payload bytes, each ``mtu + 14`` bytes on the wire
-        (1514 per 1448 at the Ethernet default of 1500); 1 without framing."""
-        if not self.mtu:
-            return 1.0
-        return (self.mtu + self.ETHERNET_HEADER) / (self.mtu - self.TCP_HEADERS)
+        """Bytes the link carries per payload byte at ``mtu``: the frame rule of
+        :mod:`horovod_prio.sim.wire` (1514 per 1448 at the Ethernet default of
+        1500); 1 without framing."""
+        return wire.wire_factor(self.mtu)
 
     def validate(self) -> None:
         def pos(name, v, strict=True):
@@ -140,10 +136,7 @@ class LinkConfig:
         r = self.arbiter_class_reserve
         if isinstance(r, bool) or not isinstance(r, numbers.Real) or not 0 <= r < 1:
             raise ValueError(f"arbiter_class_reserve must be a number in [0, 1), got {r!r}")
-        m = self.mtu
-        if isinstance(m, bool) or not isinstance(m, numbers.Integral) or not (m == 0 or m >= 68):
-            raise ValueError(f"mtu must be 0 (no framing) or an integer >= 68 (the IPv4 "
-                             f"minimum), got {m!r}")
+        wire.check_mtu(self.mtu)
         for name in ("fusion_threshold", "starvation_bound", "arbiter_credit"):
             v = getattr(self, name)
             lo = 0 if name == "starvation_bound" else 1

@@ -10,11 +10,56 @@ def test_ring_allreduce_bytes_and_link_floor():
     assert bounds.ring_allreduce_bytes(100, 1) == 0
     assert bounds.ring_allreduce_bytes(100, 2) == 100          # 2(n-1)/n = 1
     assert bounds.ring_allreduce_bytes(100, 4) == 150          # 2*3/4
-    assert bounds.link_floor(125_000_000, 1e9) == 1.0          # 1 Gbit in 1 s
+    assert bounds.link_floor(125_000_000, 1e9, mtu=0) == 1.0   # 1 Gbit of payload in 1 s
     # 2 jobs of 2 ranks, 24 MiB of gradients each, 1 Gbit/s: 2 x 24 MiB per direction
     s = 24 << 20
-    assert bounds.ring_floor(s, 2, 1e9, jobs=2) == pytest.approx(2 * s * 8 / 1e9)
-    assert bounds.ring_floor(s, 8, 1e9) == pytest.approx(1.75 * s * 8 / 1e9)
+    assert bounds.ring_floor(s, 2, 1e9, jobs=2, mtu=0) == pytest.approx(2 * s * 8 / 1e9)
+    assert bounds.ring_floor(s, 8, 1e9, mtu=0) == pytest.approx(1.75 * s * 8 / 1e9)
+    # in wire bytes (the default: the testbed's MTU, 1500): 1514 bytes per 1448 of payload
+    assert bounds.ring_floor(s, 2, 1e9, jobs=2) == pytest.approx(2 * s * 1514 / 1448 * 8 / 1e9)
+
+
+def test_the_link_floor_counts_whole_frames_at_the_testbeds_mtu():
+    from benchmarks import testbed
+    assert testbed.MTU == 1500            # the veths' kernel default: what the default is
+    # N payload bytes in whole frames of 1448: ceil(N / 1448) frames of 1514 bytes on the wire
+    for frames in (1, 7, 17_490):                                   # 17,490 frames: ~25 MB
+        n = frames * 1448
+        assert bounds.link_floor(n, 1e9) == pytest.approx(math.ceil(n / 1448) * 1514 * 8 / 1e9,
+                                                          rel=1e-12)
+        assert bounds.link_floor(n, 1e9, mtu=1500) == bounds.link_floor(n, 1e9)
+    # a message that ends in a partial frame: its payload plus 66 bytes of headers per
+    # frame, the last one's prorated (a stream's rate, as the simulator's) -- within one
+    # frame's headers below the count frame by frame
+    n = 25_324_584
+    frames = n + math.ceil(n / 1448) * 66
+    assert (frames - 66) * 8 / 1e9 <= bounds.link_floor(n, 1e9) <= frames * 8 / 1e9
+    # payload only without framing; jumbo frames and the loopback's 64 KiB frames
+    assert bounds.link_floor(n, 1e9, mtu=0) == pytest.approx(n * 8 / 1e9, rel=1e-12)
+    assert bounds.link_floor(8948, 1e9, mtu=9000) == pytest.approx(9014 * 8 / 1e9, rel=1e-12)
+    assert bounds.link_floor(65484, 1e9, mtu=65536) == pytest.approx(65550 * 8 / 1e9, rel=1e-12)
+    assert bounds.wire_bytes(1448) == pytest.approx(1514) and bounds.wire_bytes(1448, 0) == 1448
+    assert bounds.floor_label(1500) == "wire bytes at MTU 1500"
+    assert bounds.floor_label(0) == "payload bytes (no framing)"
+
+
+def test_the_simulator_and_the_bound_give_one_transfer_the_same_time():
+    """One copy of the frame rule: the simulator's comm floor and its simulated
+    transfer alone on the link equal the bound's link floor, at every MTU."""
+    from horovod_prio.sim import wire
+    from horovod_prio.sim.engine import JobSpec, LinkConfig, comm_floor, simulate
+    from horovod_prio.sim.profiles import Layer, Profile
+    grad = 25_324_584
+    prof = Profile("one", (Layer("l", grad // 4, 0.0, 0.0),), 8)     # float32: 4 B/param
+    for mtu in (0, 1500, 9000, 65536):
+        link = LinkConfig(bandwidth=1e9 / 8, latency=0.0, cycle_time=0.0, topology="nic",
+                          mtu=mtu)
+        floor = bounds.ring_floor(grad, 2, 1e9, mtu=mtu)
+        assert comm_floor(prof, 2, link) == pytest.approx(floor, rel=1e-12)
+        # one step of one job with no compute: exactly the transfer
+        step = simulate([JobSpec(prof, 2, 1)], "fifo", link).step_times(0)[0]
+        assert step == pytest.approx(floor, rel=1e-9)
+        assert link.wire_factor() == wire.wire_factor(mtu)
 
 
 @pytest.mark.parametrize("call, needle", [
@@ -22,6 +67,10 @@ def test_ring_allreduce_bytes_and_link_floor():
     (lambda: bounds.ring_allreduce_bytes(-1, 2), "grad_bytes"),
     (lambda: bounds.link_floor(100, 0), "rate must be"),
     (lambda: bounds.ring_floor(100, 2, 1e9, jobs=0), "jobs must be"),
+    (lambda: bounds.link_floor(100, 1e9, mtu=67), "mtu must be 0 .* got 67"),
+    (lambda: bounds.link_floor(100, 1e9, mtu=1500.0), "mtu must be 0 .* got 1500.0"),
+    (lambda: bounds.link_floor(-1, 1e9), "bytes must be"),
+    (lambda: bounds.wire_bytes(float("inf")), "bytes must be"),
     (lambda: bounds.overlap_bound(-0.1, 0.2, 0.3), "forward time"),
     (lambda: bounds.overlap_ceiling(0.1, 0.2, 0.3, float("nan")), "base step"),
     (lambda: bounds.overlap_ceiling(0, 0, 0, 1.0), "no bound"),
