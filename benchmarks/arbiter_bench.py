@@ -330,7 +330,8 @@ def markdown(results: dict) -> str:
         f"after {meta.get('warmup')} warmup, repeats={meta.get('repeats')}, arbiter credit "
         f"{meta.get('arbiter_credit')}, prio env {meta.get('prio_env') or '{}'}",
         "",
-        "| jobs | job0 s/step | job1 s/step | mean s/step | comm floor s/step | speedup vs hvd+hvd "
+        f"| jobs | job0 s/step | job1 s/step | mean s/step | {report.floor_column(netns.MTU)} "
+        "| speedup vs hvd+hvd "
         "| worst job vs hvd | link busy | any chunk in flight | arbiter wait / step "
         "| arbiter grants queued | prio compute / comm per step | runs ok |",
         "|---|---|---|---|---|---|---|---|---|---|---|---|---|",

@@ -171,6 +171,11 @@ def build_parser():
                    help="run nothing on the testbed: re-run the simulator check of the headline "
                         "folder DIR from its recorded step medians and print it beside the "
                         "recorded one (no root; writes nothing)")
+    p.add_argument("--rebound", metavar="DIR", default=None,
+                   help="run nothing on the testbed: recompute the bounds and shares of the "
+                        "headline folder DIR from its recorded runs with this checkout's "
+                        "bound arithmetic (its simulator check kept as recorded) and rewrite "
+                        "DIR/results.json.gz and results.md (no root)")
     p.add_argument("--calibrate", metavar="ALONE", default=None,
                    help="with --resim: a benchmarks.cluster folder of one arb job alone "
                         "(variants hvd,prio,spec) whose job-side costs, measured on its chunks' "
@@ -184,6 +189,8 @@ def parse_args(argv=None):
     a = p.parse_args(argv)
     if a.calibrate is not None and a.resim is None:
         p.error("argument --calibrate: only with --resim DIR")
+    if a.rebound is not None and a.resim is not None:
+        p.error("argument --rebound: not with --resim")
     if a.repeats is None:
         a.repeats = 1 if a.quick else 3
     known = [s.key for s in SCENARIOS]
@@ -265,17 +272,19 @@ def compact(key: str, runner: str, rec: dict) -> dict:
                        job_s=[j["median"] for j in st["jobs"]],
                        job_cpu_s=[j["cpu_median"] for j in st["jobs"]],
                        grad_bytes=(rec["jobs"][0].get("meta") or {}).get("grad_bytes"),
-                       ranks=(rec["jobs"][0].get("meta") or {}).get("size", 2))
+                       ranks=(rec["jobs"][0].get("meta") or {}).get("size", 2), mtu=netns.MTU)
     else:
         out.update(config=[rec.get("variant")], rate=rec.get("rate"))
         if rec.get("status") == "ok":
             st = report.cluster_run_stats(rec)
+            from . import testbed
             from .sim_check import phase_fractions, run_comm_s
             out.update(s_per_step=st["mean_shared"],
                        job_s=[j["median_shared"] for j in st["jobs"]],
                        job_alone_s=[j["median_alone"] for j in st["jobs"]],
                        grad_bytes=(rec["jobs"][0].get("meta") or {}).get("grad_bytes"),
-                       ranks=2, phase=phase_fractions(rec), comm_s=run_comm_s(rec))
+                       ranks=2, mtu=testbed.MTU, phase=phase_fractions(rec),
+                       comm_s=run_comm_s(rec))
     return out
 
 
@@ -298,20 +307,29 @@ def _runs_of(runs: list[dict], row: Row, config: tuple) -> list[dict]:
             and (row.batch is None or r.get("batch") in (None, row.batch))]
 
 
+def link_mtu(run: dict, runner: str) -> int:
+    """The MTU of the run's bottleneck: as recorded, else its runner's (the
+    shaped ``lo``'s, ``netns.MTU``; the testbed uplink's, ``testbed.MTU``)."""
+    if run.get("mtu") is not None:
+        return int(run["mtu"])
+    from . import testbed
+    return netns.MTU if runner == "bench" else testbed.MTU
+
+
 def link_floor_s(run: dict, runner: str) -> float | None:
-    """The link floor of one run from its measured gradient bytes
-    (``benchmarks.bounds``): on the loopback link every rank's ring traffic
-    crosses the one shaped ``lo``; on the testbed each job's ring crosses the
-    uplink once per direction."""
+    """The link floor of one run from its measured gradient bytes, in wire
+    bytes at its link's MTU (``benchmarks.bounds``): on the loopback link every
+    rank's ring traffic crosses the one shaped ``lo``; on the testbed each
+    job's ring crosses the uplink once per direction."""
     gb, rate = run.get("grad_bytes"), run.get("rate")
     if not gb or not rate:
         return None
-    bps = units.parse_rate_bits_per_s(rate)
+    bps, mtu = units.parse_rate_bits_per_s(rate), link_mtu(run, runner)
     jobs, ranks = len(run["config"]) if runner == "bench" else len(run.get("job_s") or [1]), \
         int(run.get("ranks") or 2)
     if runner == "bench":
-        return bounds.link_floor(jobs * ranks * bounds.ring_allreduce_bytes(gb, ranks), bps)
-    return bounds.ring_floor(gb, ranks, bps, jobs)
+        return bounds.link_floor(jobs * ranks * bounds.ring_allreduce_bytes(gb, ranks), bps, mtu)
+    return bounds.ring_floor(gb, ranks, bps, jobs, mtu)
 
 
 def bound_of(row: Row, runner: str, base_runs: list[dict], ours_runs: list[dict]) -> dict:
@@ -334,13 +352,16 @@ def bound_of(row: Row, runner: str, base_runs: list[dict], ours_runs: list[dict]
     floor = _med([link_floor_s(r, runner) for r in base_runs])
     if floor is None:
         return {"s": None, "reason": "no gradient size recorded: no link floor"}
+    mtus = sorted({link_mtu(r, runner) for r in base_runs})
+    unit = bounds.floor_label(mtus[0]) if len(mtus) == 1 else \
+        "wire bytes at MTU " + "/".join(map(str, mtus))
     if row.bound == "floor":
-        return {"s": floor, "source": "link floor"}
+        return {"s": floor, "source": f"link floor, {unit}"}
     cpu = _med([_med(r.get("job_cpu_s") or []) for r in base_runs])
     if cpu is None:
         return {"s": None, "reason": "no job CPU s/step recorded: no overlap ceiling"}
     return {"s": bounds.overlap_bound(cpu, 0.0, floor),
-            "source": "overlap ceiling max(job CPU s/step, link floor)"}
+            "source": f"overlap ceiling max(job CPU s/step, link floor), {unit}"}
 
 
 def row_result(row: Row, runner: str, runs: list[dict], sim: dict | None = None) -> dict:
@@ -600,6 +621,7 @@ def sim_text(row: dict) -> str:
 
 
 def markdown(res: dict) -> str:
+    from . import testbed
     m = res["meta"]
     lines = [f"Command: `{m['command']}` — {m['date']}, git {m['git']}, "
              f"{m['machine']['ncpu']} cores, repeats={m['repeats']}"
@@ -612,6 +634,14 @@ def markdown(res: dict) -> str:
         bound = f"{b['s']:.3f} ({b['source']})" if b.get("s") is not None else "–"
         lines.append(f"| {r['title']} | {_f(r['base_s'])} | {_f(r['ours_s'])} | {ratio_text(r)} "
                      f"| {bound} | {share_text(r)} | {sim_text(r)} |")
+    lines += ["", "Link floor: the bytes that must cross the bottleneck counted as its `tc tbf` "
+              "shaper counts them, whole TCP/IPv4 frames over Ethernet (MTU + 14 bytes on the "
+              "wire per MTU − 52 of payload: 1514 per 1448 at MTU 1500), ÷ its rate, at the "
+              f"MTU of each row's link ({netns.MTU} on the shaped loopback, {testbed.MTU} on "
+              "the testbed's uplink)."]
+    if m.get("rebound"):
+        lines += ["", f"Bounds and shares re-rendered at git {m['rebound']['git']} from the "
+                      f"recorded runs ({m['rebound']['what']})."]
     if res.get("sim"):
         lines += ["", "Simulator: " + "; ".join(sim_text_of(k, e) for k, e in res["sim"].items())
                   + "."]
@@ -659,6 +689,29 @@ def summarize(res: dict, scens: list[Scenario], sims: dict) -> None:
         res["aa"] = {"pairs": [], "text": "A/A resolution: no complete pair"}
 
 
+def rebound(folder) -> dict:
+    """A headline folder's results with every row's bound and share recomputed
+    from its recorded runs by this checkout's :func:`row_result` (the bound
+    arithmetic of ``benchmarks.bounds``), each row's simulator check kept as
+    recorded; the re-render is noted in ``meta["rebound"]``. Rows are matched by
+    title: a recorded row this checkout no longer has is an error."""
+    res = results_io.load(results_io.results_path(Path(folder)))
+    if res.get("format") != FORMAT:
+        raise ValueError(f"not a benchmarks.headline result (format {res.get('format')!r})")
+    runner = {k: v["runner"] for k, v in res["meta"]["scenarios"].items()}
+    by_title = {r.title: r for r in ROWS}
+    rows = []
+    for old in res["rows"]:
+        row = by_title.get(old["title"])
+        if row is None:
+            raise ValueError(f"recorded row {old['title']!r} is not a row of this checkout")
+        rows.append(row_result(row, runner[row.scenario], res["runs"], old.get("sim")))
+    res["rows"] = rows
+    res["meta"]["rebound"] = {"git": git_rev(),
+                              "what": "link floor in wire bytes at each link's MTU"}
+    return res
+
+
 def write(res: dict, out: Path) -> None:
     out.mkdir(parents=True, exist_ok=True)
     results_io.save(out, res, raw=False)
@@ -673,6 +726,16 @@ def machine() -> dict:
 # ---------------------------------------------------------------- main
 def main(argv=None) -> int:
     args = parse_args(argv)
+    if args.rebound is not None:
+        try:
+            res = rebound(args.rebound)
+        except (OSError, ValueError, KeyError) as e:
+            sys.stderr.write(f"python -m benchmarks.headline: error: argument --rebound: "
+                             f"cannot re-render {args.rebound}: {e}\n")
+            return 2
+        write(res, Path(args.rebound))
+        sys.stdout.write(markdown(res))
+        return 0
     if args.resim is not None:
         try:
             sys.stdout.write(resim_markdown(resim(args.resim, args.calibrate)))

@@ -568,9 +568,27 @@ def _hot_text(hot) -> str:
     return str(hot[0]) if len(set(hot)) == 1 else "+".join(map(str, hot))
 
 
-def render_md(results: dict) -> str:
-    meta, summ = results["meta"], results.get("summary") or summarize(results)
+def testbed_mtu() -> int:
+    from .testbed import MTU
+    return MTU
+
+
+def wire_bounds(meta: dict) -> tuple[dict, int]:
+    """The recorded payload bounds the table shows (heter uplink and fabric,
+    plain fabric) as the bytes the links carry for them, in frames of the
+    testbed's MTU (``benchmarks.bounds.wire_bytes``: the uplink's tbf counts
+    every frame's headers), and that MTU."""
+    from .bounds import wire_bytes
+    mtu = int(meta.get("mtu", testbed_mtu()))
     b = meta["bounds"]
+    return {"heter": {k: wire_bytes(b["heter"][k], mtu) for k in ("uplink", "fabric")},
+            "plain": {"fabric": wire_bytes(b["plain"]["fabric"], mtu)}}, mtu
+
+
+def render_md(results: dict) -> str:
+    from .bounds import floor_label
+    meta, summ = results["meta"], results.get("summary") or summarize(results)
+    b, mtu = wire_bounds(meta)
     lines = [f"# Heterogeneous trainers vs plain Horovod: DLRM ({meta['what']})", "",
              f"Command: `{meta['command']}`", "",
              f"Date {meta['date']}, git {meta['git']}, machine: {meta['machine']}, "
@@ -584,8 +602,9 @@ def render_md(results: dict) -> str:
              f"{meta['config']['warmup']} warm-up + {meta['config']['steps']} timed steps, "
              f"{meta['repeats']} interleaved repeats; Adagrad.", "",
              "| link rate | plain Horovod samples/s | heter samples/s | heter/plain (median, min–max) "
-             "| plain bytes/step uplink, fabric (bound fabric) | heter bytes/step uplink, fabric "
-             "(bound uplink, fabric) | peak RSS plain replica | peak RSS heter ps / sparse / dense "
+             f"| plain bytes/step uplink, fabric (bound fabric, {floor_label(mtu)}) "
+             "| heter bytes/step uplink, fabric "
+             f"(bound uplink, fabric, {floor_label(mtu)}) | peak RSS plain replica | peak RSS heter ps / sparse / dense "
              "| runs ok plain, heter |",
              "|---|---|---|---|---|---|---|---|---|"]
     for rate, row in summ.items():
@@ -616,8 +635,10 @@ def render_md(results: dict) -> str:
               "(the last rank's end of warm-up to the last rank's end of the last step); "
               "bytes/step = the uplink's two tbf counters (uplink) and every host's veth "
               "counter of what it sent (fabric), interpolated at the window's ends; the bounds "
-              "are payload bytes computed from the ids of the batches drawn "
-              "(benchmarks/heter_dlrm.py: heter_bound, plain_bound; mean over the pool); "
+              "are the payload bytes computed from the ids of the batches drawn "
+              "(benchmarks/heter_dlrm.py: heter_bound, plain_bound; mean over the pool) as "
+              "bytes on the wire: TCP/IPv4 frames over Ethernet, MTU + 14 bytes per MTU − 52 "
+              "of payload (benchmarks.bounds; a message's last partial frame not rounded up); "
               "peak RSS = the largest VmHWM of a rank of that role; ratio = median over repeats "
               "of heter/plain samples/s within the same repeat.",
               "", "![throughput](throughput.png)", ""]
@@ -867,7 +888,7 @@ def main(argv=None) -> int:
             "heter_roles": heter_layout(a.sparse_trainers)["roles"],
             "hosts": {"plain": PLAIN_H, "heter": heter_layout(a.sparse_trainers)["H"]},
             "transport": a.transport,
-            "unshaped_rate": UNSHAPED_RATE, "cap_rate": a.cap_rate}
+            "unshaped_rate": UNSHAPED_RATE, "cap_rate": a.cap_rate, "mtu": testbed_mtu()}
     results = {"meta": meta, "runs": []}
     # the launchers' logs and the ranks' records stay out of the result folder
     workroot = Path(tempfile.mkdtemp(prefix="heter-dlrm-"))

@@ -12,7 +12,7 @@ cores with their communication threads, so its compute is scaled: by
 ``--compute-scale``, or fitted so that the simulated plain-Horovod step equals
 ``--hvd-step`` (a measured median, same model, batch and rate). Reported:
 the simulated plain-Horovod step, the bound no schedule can beat
-(``max(compute, link floor)``), the tighter bound no per-layer barrier
+(``max(compute, link floor)``, the link floor in wire bytes at ``--mtu``), the tighter bound no per-layer barrier
 crossing can beat (:func:`per_layer_bound`) and each setting's ratio plain
 Horovod / overlap (> 1: faster). Not modelled: CPU shared with communication and with
 the background update, Horovod's negotiation beyond its cycle time.
@@ -32,8 +32,18 @@ from horovod_prio.method.config import PriorityConfig
 from horovod_prio.sim.engine import TOPOLOGIES, JobSpec, LinkConfig, comm_floor, simulate
 from horovod_prio.sim.profiles import BUILTIN, Profile, get_profile
 
-from .bounds import overlap_bound
+from horovod_prio.sim.wire import check_mtu
+
+from .bounds import floor_label, overlap_bound
 from .harness import git_rev
+from .netns import MTU as LO_MTU
+from .testbed import MTU as TESTBED_MTU
+
+
+def default_mtu(topology: str) -> int:
+    """The MTU of the link a topology stands for: ``bus``, the harness's shaped
+    ``lo``; ``nic``, the testbed's uplink."""
+    return LO_MTU if topology == "bus" else TESTBED_MTU
 
 
 def _steady(result) -> float:
@@ -169,6 +179,11 @@ def main(argv=None) -> int:
     p.add_argument("--workers", type=units.arg(units.parse_int, 2), default=2)
     p.add_argument("--topology", choices=TOPOLOGIES, default="bus",
                    help="bus: every rank crosses the link (the harness's shaped lo; default)")
+    p.add_argument("--mtu", type=units.arg(units.parse_int, 0), default=None,
+                   help="frames of this MTU carry the link's bytes, their headers counted "
+                        "(horovod_prio.sim.wire; 0: payload only); default: the MTU of the "
+                        f"link --topology stands for: the harness's shaped lo ({LO_MTU}) for "
+                        f"bus, the testbed's uplink ({TESTBED_MTU}) for nic")
     p.add_argument("--steps", type=units.arg(units.parse_int, 4), default=30)
     g = p.add_mutually_exclusive_group()
     g.add_argument("--hvd-step", type=float, default=None,
@@ -197,7 +212,12 @@ def main(argv=None) -> int:
         prof = get_profile(a.profile)
     except (OSError, ValueError) as e:
         p.error(f"argument --profile: {e}")
-    link = LinkConfig(bandwidth=a.rate, topology=a.topology)
+    mtu = a.mtu if a.mtu is not None else default_mtu(a.topology)
+    try:
+        check_mtu(mtu)
+    except ValueError as e:
+        p.error(f"argument --mtu: {e}")
+    link = LinkConfig(bandwidth=a.rate, topology=a.topology, mtu=mtu)
     try:
         scale = (fit_scale(prof, a.workers, link, a.steps, a.hvd_step)
                  if a.hvd_step is not None else a.compute_scale)
@@ -205,12 +225,13 @@ def main(argv=None) -> int:
         p.error(str(e))
     res = ceiling(prof.scaled(scale), a.workers, link, a.steps, parts, credits)
     res.update(date=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-               git=git_rev(), profile=a.profile, rate_bit_s=a.rate * 8, workers=a.workers, topology=a.topology,
+               git=git_rev(), profile=a.profile, rate_bit_s=a.rate * 8, workers=a.workers,
+               topology=a.topology, mtu=mtu,
                compute_scale=scale, hvd_step_measured=a.hvd_step,
                command="python -m benchmarks.overlap_ceiling " + " ".join(
                    sys.argv[1:] if argv is None else argv))
     head = (f"{prof.name}, batch {prof.batch_size}, {a.workers} ranks, {a.rate * 8 / 1e6:g} Mbit/s "
-            f"{a.topology}, compute scale {scale:.3f}"
+            f"{a.topology}, link floor in {floor_label(mtu)}, compute scale {scale:.3f}"
             + (f" (fitted: simulated plain Horovod = measured {a.hvd_step:g} s/step)"
                if a.hvd_step is not None else ""))
     text = head + "\n\n" + table(res, parts, credits)

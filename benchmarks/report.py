@@ -24,7 +24,10 @@ from pathlib import Path
 from horovod_prio.method import units
 from horovod_prio.sim.scenarios import recovery_steps
 
+from . import bounds
+from .netns import MTU as LO_MTU
 from .testbed import CPU_FIELDS
+from .testbed import MTU as TESTBED_MTU
 
 SHORT = {"horovod": "hvd", "prio": "prio"}
 
@@ -131,8 +134,11 @@ def run_stats(run: dict) -> dict:
         out["link_busy"] = _link_util(run, *span) if span else None
         meta = jobs[0].get("meta", {})
         gb, size = meta.get("grad_bytes"), meta.get("size", 2)
-        # ring allreduce on one shared lo: every rank sends 2(N-1)/N*S -> 2(N-1)*S per job
-        out["floor"] = (2 * (size - 1) * gb * 8 * len(jobs) / units.parse_rate_bits_per_s(run["rate"])) if gb else None
+        # ring allreduce on one shared lo: every rank sends 2(N-1)/N*S -> 2(N-1)*S per job,
+        # in frames of lo's MTU
+        out["floor"] = bounds.link_floor(
+            len(jobs) * size * bounds.ring_allreduce_bytes(gb, size),
+            units.parse_rate_bits_per_s(run["rate"]), LO_MTU) if gb else None
     return out
 
 
@@ -233,7 +239,7 @@ def markdown(results: dict) -> str:
                   f"({x.get('runs_kept')} runs kept)" for x in meta.get("resumed", [])),
         "",
         "| scen | link | model, batch/rank | jobs | job0 s/step | job1 s/step | mean s/step "
-        "| comm floor s/step | speedup vs hvd | worst job vs hvd | link busy | job CPU s/step "
+        f"| {floor_column(LO_MTU)} | speedup vs hvd | worst job vs hvd | link busy | job CPU s/step "
         "| runs ok |",
         "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
@@ -263,7 +269,9 @@ def markdown(results: dict) -> str:
               "(alone for a, hvd+hvd for b/c), median over repeats (in brackets: the lowest and "
               "highest per-repeat ratio). worst job: largest "
               "per-job slowdown vs the baseline's same job. comm floor: bytes every rank "
-              "sends through the shared lo (2(N−1)·S per job) ÷ rate. link busy: tc bytes "
+              "sends through the shared lo (2(N−1)·S per job), counted in bytes on the wire "
+              "as its tbf counts them (TCP/IPv4 frames: MTU + 14 bytes per MTU − 52 of "
+              "payload, benchmarks.bounds), ÷ rate. link busy: tc bytes "
               "sent ÷ (rate × time) over the same window. job CPU: CPU seconds all of a job's "
               "ranks (all threads) used per step over the same cycles, median over steps, mean "
               "over jobs, median over repeats — what a configuration costs in compute, which "
@@ -492,10 +500,10 @@ def core_usage(rec: dict, lo: float, hi: float) -> dict | None:
     return out or None
 
 
-def cluster_run_stats(rec: dict) -> dict:
+def cluster_run_stats(rec: dict, mtu: int = TESTBED_MTU) -> dict:
     """Per job: median s/step over all measured steps, while every job was
     measuring ("shared"), and outside that window ("alone"); the shared window;
-    uplink usage over it; comm floor."""
+    uplink usage over it; comm floor (wire bytes in frames of the uplink's ``mtu``)."""
     jobs = rec.get("jobs", [])
     steps = [measured_steps(j) for j in jobs]
     win = None
@@ -534,9 +542,11 @@ def cluster_run_stats(rec: dict) -> dict:
     out["uplink"] = uplink_usage(rec, *span) if span else None
     out["cores"] = core_usage(rec, *span) if span else None
     meta = (jobs[0].get("meta") or {}) if jobs else {}
-    gb = meta.get("grad_bytes")
-    # ring allreduce of 2 ranks: each rank sends S, i.e. S per direction of the uplink
-    out["floor"] = (len(jobs) * gb * 8 / units.parse_rate_bits_per_s(rec["rate"])) if gb else None
+    gb, size = meta.get("grad_bytes"), meta.get("size", 2)
+    # ring allreduce: each rank sends 2(n-1)/n x S (2 ranks: S), i.e. that per job and
+    # direction of the uplink, in frames of its MTU
+    out["floor"] = bounds.ring_floor(gb, size, units.parse_rate_bits_per_s(rec["rate"]),
+                                     max(len(jobs), 1), mtu) if gb else None
     return out
 
 
@@ -552,11 +562,24 @@ def _grants(rec: dict, link: str) -> tuple[float | None, float | None]:
     return g, w
 
 
+def cluster_mtu(meta: dict) -> int:
+    """The uplink's MTU of a ``benchmarks.cluster`` run (runs recorded before the
+    runner recorded it ran on the same veths)."""
+    return int(meta.get("mtu", TESTBED_MTU))
+
+
+def floor_column(mtu: int) -> str:
+    """The results tables' link-floor column, naming its unit."""
+    return f"comm floor s/step ({bounds.floor_label(mtu)})"
+
+
 def cluster_summarize(results: dict) -> tuple[list[dict], list[dict]]:
     """(rows per variant, rows per variant x job), medians over repeats; ratios
     against the hvd run of the same repeat."""
     runs = [r for r in results.get("runs", [])]
-    stats = {(r["variant"], r["repeat"]): cluster_run_stats(r) for r in runs if r.get("status") == "ok"}
+    mtu = cluster_mtu(results.get("meta", {}))
+    stats = {(r["variant"], r["repeat"]): cluster_run_stats(r, mtu) for r in runs
+             if r.get("status") == "ok"}
     order = results.get("meta", {}).get("variants") or list(dict.fromkeys(
         r["variant"] for r in runs))
     rows, jrows = [], []
@@ -645,7 +668,8 @@ def cluster_markdown(results: dict) -> str:
         f"each way, {meta.get('warmup')} warmup steps, repeats={meta.get('repeats')}, "
         f"pin={meta.get('pin')}, jobs: {jobs}",
         "",
-        "| variant | jobs | job s/step (shared window) | mean s/step | comm floor s/step "
+        f"| variant | jobs | job s/step (shared window) | mean s/step "
+        f"| {floor_column(cluster_mtu(meta))} "
         "| speedup vs hvd | worst job vs hvd | uplink busy A→B / B→A | arbiter wait / step "
         "| grants queued | runs ok |",
         "|---|---|---|---|---|---|---|---|---|---|---|",
@@ -694,8 +718,10 @@ def cluster_markdown(results: dict) -> str:
               "speedup: hvd mean s/step ÷ this variant's, same repeat, median over repeats "
               "(in brackets: the lowest and highest per-repeat ratio); "
               "vs hvd (same job): hvd job's s/step ÷ this job's. comm floor: every rank sends S "
-              "(gradient bytes) across the uplink per step, each direction carries S per job: "
-              "jobs × S·8/rate. uplink busy: tc bytes sent by the tbf of each uplink end ÷ "
+              "(gradient bytes) across the uplink per step, each direction carries S per job, "
+              "counted in bytes on the wire as the uplink's tbf counts them (TCP/IPv4 frames "
+              "over Ethernet: MTU + 14 bytes per MTU − 52 of payload, benchmarks.bounds): "
+              "jobs × wire(S)·8/rate. uplink busy: tc bytes sent by the tbf of each uplink end ÷ "
               "(rate × time) over the shared window. uplink share: bytes the job's two hosts sent "
               "into the fabric ÷ uplink bytes (both directions), same window. arbiter wait / "
               "step: union of the job's 'arbiter' trace spans (request → grant) per measured "

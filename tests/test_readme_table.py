@@ -82,6 +82,24 @@ def test_share_of_the_bound_comes_from_the_folder_or_says_why_not(tmp_path):
         readme_table.headline_row(*c0, root=tmp_path)
 
 
+def test_a_folders_comm_floor_is_read_in_wire_bytes():
+    """Tables written before the floor counted frames give it in payload bytes
+    (a column without a unit): scaled by the frame rule at the folder's link's
+    MTU (the shaped lo's for bench/, the testbed uplink's for cluster/); a
+    column that names its unit is read as it is."""
+    old = {"comm floor s/step": "0.400", "mean s/step": "0.5"}
+    assert readme_table.floor_s(old, "cluster/x") == pytest.approx(0.4 * 1514 / 1448)
+    assert readme_table.floor_s(old, "bench/x") == pytest.approx(0.4 * 65550 / 65484)
+    new = {"comm floor s/step (wire bytes at MTU 1500)": "0.400"}
+    assert readme_table.floor_s(new, "cluster/x") == 0.4
+    assert readme_table.floor_s({"comm floor s/step": "–"}, "bench/x") is None
+    assert readme_table.floor_s({"mean s/step": "0.5"}, "bench/x") is None
+    # the share of a floor row of an old testbed folder: against the wire floor
+    base, ours = {**old, "mean s/step": "1.000"}, {"mean s/step": "0.700"}
+    assert readme_table.share_cell(("floor",), base, ours, "mean s/step", "cluster/x") == \
+        readme_table.bound_cells(1.0, 0.7, 0.4 * 1514 / 1448)[1] == "52%"       # not 50%
+
+
 def _headline(tmp_path, rows, fmt="horovod_prio.headline/1"):
     d = tmp_path / "results" / "headline" / "2026-12-08"
     d.mkdir(parents=True)

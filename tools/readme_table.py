@@ -9,8 +9,9 @@ Each row names a result folder and the rows of its ``results.md`` (the
 table the run's own report wrote) to read: plain Horovod's and
 horovod_prio's s/step, the ratio as the report gives it (median of the
 per-repeat ratios, so not always the quotient of the two medians), the
-share of the bound's gain (``benchmarks.report.bound_cells``) where the
-folder gives the row's bound, and the run's date and git commit from its
+share of the bound's gain (``benchmarks.report.bound_cells``; the link
+floor in wire bytes at the link's MTU) where the folder gives the row's
+bound, and the run's date and git commit from its
 ``Command:`` line.
 
 ``--from DIR`` (a ``python -m benchmarks.headline`` folder) takes every row
@@ -27,7 +28,10 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
+from benchmarks.netns import MTU as LO_MTU  # noqa: E402
 from benchmarks.report import bound_cells  # noqa: E402
+from benchmarks.testbed import MTU as TESTBED_MTU  # noqa: E402
+from horovod_prio.sim.wire import wire_factor  # noqa: E402
 from benchmarks.results_io import read_json, results_path  # noqa: E402
 
 README = REPO / "README.md"
@@ -49,7 +53,9 @@ JOB = dict(table=1, value="s/step shared", ratio="vs hvd (same job)")
 #: baseline's row; the overlap ceiling max(the baseline's job CPU s/step, its
 #: comm floor) -- the same rule as ``benchmarks.headline.bound_of``; the
 #: job's own s/step alone (before the other joined) in our row; or a reason
-#: why the row has no bound.
+#: why the row has no bound. The comm floor counts wire bytes at the link's MTU
+#: (``floor_s``): a folder whose table gives it in payload bytes (its column
+#: names no unit) is scaled by the frame rule.
 FLOOR = ("floor",)
 OVERLAP = ("overlap",)
 ALONE = ("alone",)
@@ -139,7 +145,27 @@ def _num(cell):
         return None
 
 
-def share_cell(bound, base_row, ours_row, value):
+def folder_mtu(folder):
+    """The MTU of a result folder's bottleneck: the testbed's uplink for
+    ``cluster/`` folders, the shaped loopback otherwise."""
+    return TESTBED_MTU if folder.startswith("cluster/") else LO_MTU
+
+
+def floor_s(row, folder):
+    """A results table row's comm floor in wire bytes: its ``comm floor s/step
+    (wire bytes at MTU N)`` cell, or its unit-less ``comm floor s/step`` cell
+    (payload bytes, tables written before the floor counted frames) times the
+    frame rule's factor at the folder's MTU; None without one."""
+    for col, cell in row.items():
+        if col == "comm floor s/step":
+            t = _num(cell)
+            return None if t is None else t * wire_factor(folder_mtu(folder))
+        if col.startswith("comm floor s/step ("):
+            return _num(cell)
+    return None
+
+
+def share_cell(bound, base_row, ours_row, value, folder=""):
     """The share of the bound's gain for a folder row, or "–" with the reason
     the folder gives no bound."""
     if bound[0] == "none":
@@ -149,7 +175,7 @@ def share_cell(bound, base_row, ours_row, value):
         t = _num(ours_row.get("s/step alone"))
         why = "no time alone in this folder"
     else:
-        t = _num(base_row.get("comm floor s/step"))
+        t = floor_s(base_row, folder)
         why = "no comm floor in this folder"
         if bound[0] == "overlap" and t is not None:
             cpu = _num(base_row.get("job CPU s/step"))
@@ -170,7 +196,7 @@ def headline_row(scenario, folder, base, ours, kind, bound, root=REPO / "results
     ratio = o[kind["ratio"]]
     return "| %s | %s | %s | %s | %s | %s, git %s | [%s](results/%s/) |" % (
         scenario, b[kind["value"]], o[kind["value"]], ratio,
-        share_cell(bound, b, o, kind["value"]), m.group(1), m.group(2), folder, folder)
+        share_cell(bound, b, o, kind["value"], folder), m.group(1), m.group(2), folder, folder)
 
 
 def read_headline(folder, repo=REPO):

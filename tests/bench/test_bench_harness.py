@@ -430,10 +430,11 @@ def test_report_from_fixture_json(tmp_path):
     assert "| b | 1gbit | mlp, 32 | prio+prio | 0.600 | 0.700 | 0.650 |" in md
     assert "1.23×" in md                       # 0.8 / 0.65 within the same repeat
     # the spread of the per-repeat ratios beside their median: 0.45/0.45 and 0.45/0.50
-    assert "| a | 1gbit | mlp, 32 | prio | 0.475 | – | 0.475 | 0.405 | 0.95× (0.90–1.00) |" in md
-    assert "| a | 1gbit | mlp, 32 | hvd | 0.450 | – | 0.450 | 0.405 | 1.00× |" in md
+    assert "| a | 1gbit | mlp, 32 | prio | 0.475 | – | 0.475 | 0.406 | 0.95× (0.90–1.00) |" in md
+    assert "| a | 1gbit | mlp, 32 | hvd | 0.450 | – | 0.450 | 0.406 | 1.00× |" in md
     assert "failed: job job1 (prio) exited with status 1" in md
-    assert "0.405" in md                       # 2 * 25.3 MB * 8 / 1 Gbit/s
+    # the comm floor in wire bytes at lo's MTU: 2 * 25.3 MB * 65550/65484 * 8 / 1 Gbit/s
+    assert "| comm floor s/step (wire bytes at MTU 65536) |" in md
     png = (out / "steps.png").read_bytes()
     assert png[:8] == b"\x89PNG\r\n\x1a\n" and len(png) < 300_000
 

@@ -267,7 +267,10 @@ def test_run_stats_shared_window_alone_steps_and_uplink_share():
     assert up["AB"] == pytest.approx(0.8, rel=1e-3) and up["BA"] == pytest.approx(0.4, rel=1e-3)
     assert up["share"]["job0"] == pytest.approx(0.6, rel=1e-3)
     assert up["share"]["job1"] == pytest.approx(0.4, rel=1e-3)
-    assert st["floor"] == pytest.approx(2 * 25_324_584 * 8 / 1e9)
+    # S per job and direction, in frames of the uplink's MTU (1514 bytes per 1448 at 1500)
+    assert st["floor"] == pytest.approx(2 * 25_324_584 * 1514 / 1448 * 8 / 1e9)
+    assert report.cluster_run_stats(_run("spec", 0, 0.4, 0.5, arb=True), mtu=0)["floor"] == \
+        pytest.approx(2 * 25_324_584 * 8 / 1e9)
     c0, c1 = st["cores"]["cpu0"], st["cores"]["cpu1"]
     assert (c0["busy"], c0["user"], c0["system"], c0["interrupt"]) == pytest.approx(
         (0.8, 0.6, 0.1, 0.1), abs=0.01)
@@ -301,6 +304,9 @@ def test_summary_ratios_against_hvd_of_the_same_repeat_and_report(tmp_path, monk
     assert j[("spec", "job0")]["median_alone"] == pytest.approx(0.4)
     md = report.cluster_markdown(res)
     assert "| spec | arb + arb@2s | 0.400 / 0.500 | 0.450 |" in md
+    assert "| comm floor s/step (wire bytes at MTU 1500) |" in md       # the uplink's frames
+    assert "| comm floor s/step (wire bytes at MTU 9000) |" in report.cluster_markdown(
+        dict(res, meta=dict(res["meta"], mtu=9000)))                   # as the run recorded
     assert "1.11×" in md and "80% / 40%" in md and "50/100" in md and "| 60% |" in md
     assert "| 1.11× (1.11–1.11) |" in md     # median, then the per-repeat spread
     assert "| 1.00× |" in md                  # the baseline row has no spread

@@ -66,6 +66,8 @@ def test_time_left_scales_the_estimates_by_the_runs_so_far():
     (["--only", "nope"], "--only: unknown scenario(s) nope"),
     (["--repeats", "0"], "--repeats"),
     (["--calibrate", "results/cluster/x"], "--calibrate: only with --resim DIR"),
+    (["--rebound", "results/headline/x", "--resim", "results/headline/x"],
+     "--rebound: not with --resim"),
 ])
 def test_bad_arguments_are_named(argv, needle, capsys):
     with pytest.raises(SystemExit):
@@ -97,10 +99,18 @@ def test_a_row_pairs_runs_by_repeat_and_sits_beside_its_link_floor():
     assert r["ratios"] == pytest.approx([0.80 / 0.78, 0.80 / 0.82, 0.90 / 0.85])
     assert (r["base_s"], r["ours_s"], r["repeats"]) == (0.80, 0.82, 3)
     assert r["ratio"] == pytest.approx(0.80 / 0.78)
-    floor = bounds.link_floor(2 * bounds.ring_allreduce_bytes(25_324_584, 2), 1e9)
-    assert floor == pytest.approx(2 * 25_324_584 * 8 / 1e9)       # the harness's comm floor
-    assert r["bound"]["s"] == pytest.approx(floor) and r["bound"]["source"] == "link floor"
+    # the harness's comm floor in wire bytes: frames of the shaped lo's MTU (64 KiB)
+    floor = bounds.link_floor(2 * bounds.ring_allreduce_bytes(25_324_584, 2), 1e9, mtu=65536)
+    assert floor == pytest.approx(2 * 25_324_584 * 65550 / 65484 * 8 / 1e9)
+    assert r["bound"]["s"] == pytest.approx(floor)
+    assert r["bound"]["source"] == "link floor, wire bytes at MTU 65536"
     assert r["bound"]["cells"] == list(report.bound_cells(0.80, 0.82, floor))
+    # a run that recorded its link's MTU is read at that MTU
+    for x in runs:
+        x["mtu"] = 1500
+    r = h.row_result(ONE, "bench", runs)
+    assert r["bound"]["s"] == pytest.approx(2 * 25_324_584 * 1514 / 1448 * 8 / 1e9)
+    assert r["bound"]["source"] == "link floor, wire bytes at MTU 1500"
     assert "testbed" in r["sim"]["reason"]
 
 
@@ -108,13 +118,15 @@ def test_two_jobs_on_the_loopback_and_on_the_testbed_have_their_own_floors():
     two = [_bench(0, ["horovod", "horovod"], 1.0, batch=512, scen="two-jobs"),
            _bench(0, ["prio", "prio"], 0.95, batch=512, scen="two-jobs")]
     r = h.row_result(h.ROWS[1], "bench", two)
-    assert r["bound"]["s"] == pytest.approx(2 * 2 * 25_324_584 * 8 / 1e9)
+    assert r["bound"]["s"] == pytest.approx(2 * 2 * 25_324_584 * 65550 / 65484 * 8 / 1e9)
     ident = [_cl(0, "hvd", [1.06, 1.05], [None, None], "identical-arbiter", gb=6_331_146 * 4,
                  rate="400mbit"),
              _cl(0, "spec", [1.05, 1.06], [None, None], "identical-arbiter", gb=6_331_146 * 4,
                  rate="400mbit")]
     r = h.row_result(IDENT, "cluster", ident)
-    assert r["bound"]["s"] == pytest.approx(2 * 6_331_146 * 4 * 8 / 400e6)   # once per direction
+    # once per direction, in frames of the uplink's MTU (1500): 1514 bytes per 1448
+    assert r["bound"]["s"] == pytest.approx(2 * 6_331_146 * 4 * 1514 / 1448 * 8 / 400e6)
+    assert r["bound"]["source"] == "link floor, wire bytes at MTU 1500"
     assert r["base_s"] == pytest.approx(1.055)
     assert r["bound"]["cells"][1].startswith("no headroom")
 
@@ -219,6 +231,7 @@ def test_compact_keeps_a_runs_values_not_its_series():
     c = h.compact("one-job", "bench", rec)
     assert c["s_per_step"] == pytest.approx(report.run_stats(rec)["mean_of_jobs"])
     assert (c["grad_bytes"], c["ranks"], c["repeat"], c["batch"]) == (1000, 2, 1, 1024)
+    assert c["mtu"] == 65536                             # the shaped lo's, for its link floor
     from benchmarks import results_index                 # the index reads the load from runs
     assert results_index._loads([c]) == [1.0, 2.0]
     assert "jobs" not in c and "link_samples" not in c
@@ -228,9 +241,57 @@ def test_compact_keeps_a_runs_values_not_its_series():
     c = h.compact("identical-arbiter", "cluster", pair)
     assert c["phase"] == sim_check.phase_fractions(pair) and c["phase"][1] == pytest.approx(0.25)
     assert c["comm_s"] == pytest.approx(0.6 / 18)                # per measured step of job 0
+    assert c["mtu"] == 1500                                      # the testbed uplink's
     failed = h.compact("classes", "cluster", dict(rec, status="failed", error="boom\ntail",
                                                   variant="spec"))
     assert (failed["status"], failed["error"], failed["config"]) == ("failed", "boom", ["spec"])
+
+
+def test_rebound_recomputes_a_folders_bounds_from_its_runs_and_keeps_the_rest(
+        tmp_path, capsys):
+    """--rebound: the bounds and shares of a recorded folder again, with this
+    checkout's arithmetic (here: a folder whose floors counted payload only);
+    runs, ratios and the simulator's check as recorded; nothing else run."""
+    runs = []
+    for rep in range(3):
+        runs += [_bench(rep, ["horovod"], 0.73), _bench(rep, ["prio"], 0.735),
+                 _bench(rep, [h.AA_CONTROL], 0.74)]
+        runs += [_cl(rep, v, [1.06, 1.05], [None, None], "identical-arbiter",
+                     gb=6_331_146 * 4, rate="400mbit") for v in ("hvd", "spec")]
+    scens = [s for s in h.SCENARIOS if s.key in ("one-job", "identical-arbiter")]
+    res = _result(runs, scens)
+    old = {r["title"]: r for r in res["rows"]}
+    payload = 2 * 6_331_146 * 4 * 8 / 400e6
+    for r in res["rows"]:                                  # as recorded before: payload only
+        if r["bound"].get("source", "").startswith("link floor"):
+            f = payload if r["scenario"] == "identical-arbiter" else 2 * 25_324_584 * 8 / 1e9
+            r["bound"] = {"s": f, "source": "link floor",
+                          "cells": list(report.bound_cells(r["base_s"], r["ours_s"], f))}
+    res["rows"][-1]["sim"] = {"ours": {"sim_s": 1.0, "error": 0.01, "fitted": False}}
+    folder = tmp_path / "headline-x"
+    h.write(res, folder)
+    assert h.main(["--rebound", str(folder)]) == 0
+    again = results_io.load(folder)
+    ident = [r for r in again["rows"] if r["scenario"] == "identical-arbiter"][0]
+    assert ident["bound"]["s"] == pytest.approx(payload * 1514 / 1448)
+    assert ident["bound"]["source"] == "link floor, wire bytes at MTU 1500"
+    assert ident["bound"]["cells"] == list(report.bound_cells(1.055, 1.055, payload * 1514 / 1448))
+    assert ident["sim"] == {"ours": {"sim_s": 1.0, "error": 0.01, "fitted": False}}
+    for r in again["rows"]:
+        assert {k: r[k] for k in ("base_s", "ours_s", "ratios", "ratio")} == \
+            {k: old[r["title"]][k] for k in ("base_s", "ours_s", "ratios", "ratio")}
+    assert again["runs"] == res["runs"] and again["aa"] == res["aa"]
+    assert again["meta"]["rebound"]["what"] == "link floor in wire bytes at each link's MTU"
+    md = (folder / "results.md").read_text()
+    assert md == h.markdown(again) and "Bounds and shares re-rendered at git" in md
+    assert "1514 per 1448 at MTU 1500" in md and "(link floor, wire bytes at MTU 1500)" in md
+    capsys.readouterr()
+    assert h.main(["--rebound", str(tmp_path / "nope")]) == 2
+    assert "argument --rebound: cannot re-render" in capsys.readouterr().err
+    again["rows"][0]["title"] = "a row this checkout does not have"
+    h.write(again, folder)
+    with pytest.raises(ValueError, match="not a row of this checkout"):
+        h.rebound(folder)
 
 
 def test_rows_of_batches_not_run_are_left_out_and_rows_without_a_pair_say_so():
@@ -290,7 +351,7 @@ def test_main_runs_the_matrix_through_the_runners_and_writes_one_folder(tmp_path
     assert [r["title"] for r in res["rows"]] == [ONE.title, OVER.title, CLS_C1.title, CLS_C0.title]
     one = res["rows"][0]
     assert one["ratio"] == pytest.approx(0.80 / 0.79, rel=1e-3)
-    assert one["bound"]["source"] == "link floor"
+    assert one["bound"]["source"] == "link floor, wire bytes at MTU 65536"
     assert res["aa"]["pairs"] == [[pytest.approx(0.80, rel=1e-2), pytest.approx(0.81, rel=1e-2)]]
     assert res["rows"][2]["bound"]["s"] == pytest.approx(0.3, rel=1e-2)   # alone, ours
     # testbed rows carry the simulator's prediction (the measured MLP b64 profile)

@@ -52,12 +52,23 @@ def test_cli_writes_tables_and_names_bad_flags(tmp_path, capsys):
     data = json.loads((out / "ceiling.json").read_text())
     assert len(data["grid"]) == 2 and data["compute_scale"] == 1.0
     assert data["date"].startswith("20") and "git" in data     # for results/README.md
-    # 8.5 MiB of gradients, 2 ranks on their own NICs: 8.5 MiB cross each at 128 Mbit/s
-    assert data["link_floor_s"] == pytest.approx(8.5 * MIB * 8 / 128e6, rel=1e-9)
+    # 8.5 MiB of gradients, 2 ranks on their own NICs: 8.5 MiB cross each at 128 Mbit/s,
+    # in frames of the testbed uplink's MTU (what --topology nic stands for)
+    assert data["mtu"] == 1500
+    assert data["link_floor_s"] == pytest.approx(8.5 * MIB * 1514 / 1448 * 8 / 128e6, rel=1e-9)
+    assert "link floor in wire bytes at MTU 1500" in (out / "ceiling.md").read_text()
     assert "| 1 MiB |" in (out / "ceiling.md").read_text()
+    # --mtu 0: payload only; bus (the harness's shaped lo) defaults to lo's MTU
+    assert oc.main(["--profile", str(prof), "--rate", "128mbit", "--topology", "nic",
+                    "--mtu", "0", "--partitions", "1MiB", "--credits", "none", "--steps", "8",
+                    "--out", str(out)]) == 0
+    data = json.loads((out / "ceiling.json").read_text())
+    assert data["link_floor_s"] == pytest.approx(8.5 * MIB * 8 / 128e6, rel=1e-9)
+    assert oc.default_mtu("bus") == 65536 and oc.default_mtu("nic") == 1500
     for argv, flag in ((["--credits", "lots"], "--credits"),
                        (["--partitions", "0"], "--partitions"),
-                       (["--hvd-step", "-1"], "--hvd-step")):
+                       (["--hvd-step", "-1"], "--hvd-step"),
+                       (["--mtu", "67"], "--mtu")):
         with pytest.raises(SystemExit):
             oc.main(["--profile", str(prof), "--rate", "128mbit"] + argv)
         assert flag in capsys.readouterr().err
