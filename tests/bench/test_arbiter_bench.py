@@ -127,6 +127,7 @@ def test_summary_and_markdown_from_fixture(tmp_path, monkeypatch):
     assert rows["arb"]["link_busy"] == pytest.approx(4.5e9 * 8 / (2e9 * 20))
     md = ab.markdown(res)
     assert "| prio+prio + arbiter | 0.360 | 0.400 | 0.380 |" in md
+    assert "| comm floor s/step (wire bytes at MTU 65536) |" in md     # the shaped lo's frames
     assert "1.18×" in md and "40/200" in md and "80%" in md
     assert "Failed (arb-r3): job job0 (prio) exited with status 1: boom" in md
     ab.write_report(res, tmp_path)
