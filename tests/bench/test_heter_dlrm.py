@@ -149,14 +149,16 @@ def test_table_and_files(tmp_path):
     assert "git abc1234" in md and "1.00 before, 2.00 after" in md
     row = [ln for ln in md.splitlines() if ln.startswith("| 300mbit")][0]
     assert "| 50.0 | 200.0 | 2.50× (2.00–3.00) |" in row
-    # the payload bounds as wire bytes: frames of the testbed's MTU, 1514 bytes per 1448
-    assert "(9.41 MB)" in row and "(3.14 MB, 5.23 MB)" in row
-    assert "(bound uplink, fabric, wire bytes at MTU 1500)" in md
+    # the uplink's bound as wire bytes (frames of the testbed's MTU, 1514 bytes per
+    # 1448: tbf counts them); the fabric's as payload (the veth counters see
+    # offloaded super-packets)
+    assert "(9.00 MB)" in row and "(3.14 MB, 5.00 MB)" in row
+    assert "(bound uplink, wire bytes at MTU 1500; fabric, payload)" in md
     res["meta"]["mtu"] = 0                                      # as recorded: payload only
     hd.write_outputs(res, tmp_path)
     md0 = (tmp_path / "results.md").read_text()
     assert "(9.00 MB)" in md0 and "(3.00 MB, 5.00 MB)" in md0
-    assert "(bound uplink, fabric, payload bytes (no framing))" in md0
+    assert "(bound uplink, payload bytes (no framing); fabric, payload)" in md0
     res["meta"].pop("mtu")
     hd.write_outputs(res, tmp_path)
     assert "3.00 GiB" in row and "2.00 GiB / 1.00 GiB / 0.50 GiB" in row and "| 3/3, 2/3 |" in row
