@@ -206,7 +206,14 @@ class Shard:
             self.slots[name] = {s: tf.Variable(optimizer.initial_slot(s, tuple(own.shape), dtype),
                                                name="heter_%s_%s_shard%d" % (name, s, index))
                                 for s in optimizer.slot_names}
-        self._apply = self._gather = None
+        self._apply = self._gather = self._rows_fns = None
+        dims = {int(v.shape[1]) for v in self.tables.values()}
+        #: the tables' one row width, or None: :meth:`gather_keys` and
+        #: :meth:`apply_keys` take the keys of every table as one array
+        self.dim = dims.pop() if len(dims) == 1 else None
+        shs = list(self.shardings.values())
+        self._rows = np.array([sh.rows for sh in shs], np.int64)
+        self._block = np.array([sh.block for sh in shs], np.int64)
 
     def check_ids(self, table, ids):
         """ValueError naming the table for ids this shard does not own."""
@@ -245,6 +252,71 @@ class Shard:
                 return [tf.gather(v, i) for v, i in zip(variables, local)]
             self._gather = gather
         return self._gather([tf.constant(i, tf.int64) for i in local])
+
+    def check_keys(self, table_of, ids):
+        """:meth:`check_ids` of the ids of several tables at once (``table_of``:
+        each id's table, an index in the shard's table order) -> local rows."""
+        ids = np.asarray(ids, np.int64)
+        table_of = np.asarray(table_of, np.int64)
+        if self.sharding == "mod":
+            owner, local = ids % self.num_shards, ids // self.num_shards
+        else:
+            block = self._block[table_of]
+            owner = ids // block
+            local = ids - owner * block
+        bad = (ids < 0) | (ids >= self._rows[table_of]) | (owner != self.index)
+        if bad.any():
+            t = int(table_of[np.argmax(bad)])
+            name = list(self.tables)[t]
+            self.check_ids(name, ids[table_of == t])       # raises, naming the table
+        return local
+
+    def gather_keys(self, table_of, local):
+        """Rows of the tables' one width (:attr:`dim`) for ids of several
+        tables, in their order, in one graph call: ``table_of`` (each id's
+        table index), ``local`` (its local row, :meth:`check_keys`) -> (n, dim)."""
+        import tensorflow as tf
+        return self._keys_fns()[0](tf.constant(table_of, tf.int32), tf.constant(local, tf.int64))
+
+    def apply_keys(self, table_of, local, values):
+        """:meth:`push` of row gradients ``values`` (n, :attr:`dim`) of ids of
+        several tables (as :meth:`gather_keys`). Each table gets its ids and
+        gradients in their order here, which is what :meth:`apply_local` gets
+        from a stable sort by table: the same update, bit for bit."""
+        import tensorflow as tf
+        self._keys_fns()[1](tf.constant(table_of, tf.int32), tf.constant(local, tf.int64),
+                            tf.convert_to_tensor(values, self.tables[next(iter(self.tables))].dtype))
+        self.step.assign_add(1)
+
+    def _keys_fns(self):
+        import tensorflow as tf
+        if self.dim is None:
+            raise ValueError("gather_keys/apply_keys: the shard's tables have several row "
+                             "widths %s; use gather_local/apply_local"
+                             % sorted({int(v.shape[1]) for v in self.tables.values()}))
+        if self._rows_fns is None:
+            names = list(self.tables)
+            variables = [self.tables[n] for n in names]
+            count = len(names)
+            dtype = variables[0].dtype
+            by, ids = tf.TensorSpec([None], tf.int32), tf.TensorSpec([None], tf.int64)
+
+            @tf.function(input_signature=[by, ids])
+            def gather(table_of, local):
+                parts = tf.dynamic_partition(local, table_of, count)
+                where = tf.dynamic_partition(tf.range(tf.size(local)), table_of, count)
+                return tf.dynamic_stitch(where, [tf.gather(v, i) for v, i in zip(variables, parts)])
+
+            @tf.function(input_signature=[by, ids, tf.TensorSpec([None, self.dim], dtype)])
+            def apply(table_of, local, values):
+                parts = tf.dynamic_partition(local, table_of, count)
+                vals = tf.dynamic_partition(values, table_of, count)
+                for name, i, v in zip(names, parts, vals):
+                    unique, summed = dedupe(i, v)
+                    self.optimizer.apply_sparse(self.tables[name], self.slots[name], unique,
+                                                summed, self.step)
+            self._rows_fns = (gather, apply)
+        return self._rows_fns
 
     def push(self, grads):
         """Apply one step: ``grads`` = {table: (ids, row gradients)} (ids may

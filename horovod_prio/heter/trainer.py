@@ -134,9 +134,21 @@ class KeyLayout:
         self.splits = np.bincount(self.owner, minlength=num_shards)
         self.row_splits = np.bincount(self.owner, weights=self.dims,
                                       minlength=num_shards).astype(np.int64)
-        self.uniform = len(set(dims)) == 1
+        self.uniform = len(set(dims)) == 1        # then there is one group
         self.sizes = [len(u) for u in uniques]
+        if self.uniform:
+            # each unique key's place in the sorted order (:meth:`sorted_positions`)
+            self._place = np.empty(len(order), np.int32)
+            self._place[order] = np.arange(len(order), dtype=np.int32)
         self._mask = [self.group == g for g in range(len(uniques))]
+
+    def sorted_positions(self, pos):
+        """One group: the ids' positions among the unique keys (first-occurrence
+        order) -> among the sorted keys. Gathering the rows as they arrive with
+        these copies the same rows; an ``unsorted_segment_sum`` over them sums
+        each key's gradients in the same order, only its output row moves, to
+        where the push sends it -- no :meth:`unpack`, no :meth:`pack`."""
+        return self._place[pos]
 
     def unpack(self, flat, sizes, dims):
         """Flat rows in key order -> one (unique keys, dim) array per group."""
@@ -454,19 +466,26 @@ class HeterTrainer:
         self._dense_apply = tf.function(
             lambda grads: self.optimizer.apply_gradients(zip(grads, self.dense_vars)))
 
-    def _dense_forward_backward(self, inputs, acts, labels, weight):
+    def _dense_forward_backward(self, inputs, act, labels, weight):
+        """Loss, dense gradients and the gradient of ``act`` (the cut's
+        tensors side by side, one row per sample), all in one graph: the cut
+        is taken apart here (slices: copies), so its gradient comes back as
+        one tensor, the cut's parts side by side."""
         tf = self.tf
+        n = act.shape[0]
         with tf.GradientTape() as tape:
-            tape.watch(acts)
-            pred = self.dense_model(list(inputs) + list(acts), training=True)
+            tape.watch(act)
+            parts = tf.split(act, [c["width"] for c in self.cut], axis=1) \
+                if len(self.cut) > 1 else [act]
+            acts = [tf.reshape(p, (n,) + c["shape"]) for p, c in zip(parts, self.cut)]
+            pred = self.dense_model(list(inputs) + acts, training=True)
             loss = self.loss(labels, pred)
-        grads = tape.gradient(loss, list(self.dense_vars) + list(acts))
-        n = len(self.dense_vars)
-        dense, act_grads = grads[:n], grads[n:]
+        grads = tape.gradient(loss, list(self.dense_vars) + [act])
+        dense, act_grad = grads[:-1], grads[-1]
         if weight is not None:                       # several dense trainers: global mean
             dense = [g * weight for g in dense]
-            act_grads = [g * weight for g in act_grads]
-        return loss, dense, act_grads
+            act_grad = act_grad * weight
+        return loss, dense, act_grad
 
     # -- the step --------------------------------------------------------------
 
@@ -499,6 +518,8 @@ class HeterTrainer:
             if ids.shape[0:1] != (n,) or tuple(ids.shape[1:]) != t["shape"]:
                 raise ValueError("%sinput %r: shape %s, expected (%d,) + %s"
                                  % (prefix, t["input"], ids.shape, n, t["shape"]))
+            if ids.size == 0 or (ids.min() >= 0 and ids.max() < t["rows"]):
+                continue
             bad = ids[(ids < 0) | (ids >= t["rows"])]
             if bad.size:
                 raise ValueError("%sinput %r: ids %s out of table %r's rows 0-%d"
@@ -600,7 +621,10 @@ class HeterTrainer:
             uniques.append(uniq)
             positions.append(pos)
             owners.append(self._owners(uniq, members))
-        return KeyLayout(uniques, self.group_dims, owners, len(self.ps_ranks)), positions, (lo, hi)
+        layout = KeyLayout(uniques, self.group_dims, owners, len(self.ps_ranks))
+        if layout.uniform:
+            positions = [tf.constant(layout.sorted_positions(positions[0].numpy()))]
+        return layout, positions, (lo, hi)
 
     def _step_sparse(self, inputs, labels, ahead, next_inputs, n_next):
         tf = self.tf
@@ -615,9 +639,12 @@ class HeterTrainer:
         sp = self._ranks["sparse_ps"]
         flat, _ = self._alltoall(tf.zeros([0], tf.float32), [0] * len(sp), "sparse_ps", "rows")
         sizes = layout.sizes
-        rows = layout.unpack(flat.numpy(), sizes, self.group_dims)
+        if layout.uniform:           # the rows stay in the shards' order (sorted_positions)
+            rows = [tf.reshape(flat, [-1, self.group_dims[0]])]
+        else:
+            rows = [tf.constant(r) for r in layout.unpack(flat.numpy(), sizes, self.group_dims)]
         forward, backward = self._sparse_functions(hi - lo)
-        act, embs = forward([tf.constant(r) for r in rows], positions)
+        act, embs = forward(rows, positions)
         to_dense = [_overlap((lo, hi), b) for b in self._bounds["dense"]]
         self._alltoall(act, self._set_splits("sparse_dense", self.dense_ranks, to_dense),
                        "sparse_dense", "activations")
@@ -627,7 +654,8 @@ class HeterTrainer:
         dact, _ = self._alltoall(tf.zeros([0, self.features], tf.float32), [0] * len(sd),
                                  "sparse_dense", "activation_grads")
         sums = backward(embs, positions, [tf.constant(s, tf.int32) for s in sizes], dact)
-        push = layout.pack([s.numpy() for s in sums], self.group_dims)
+        push = sums[0].numpy().reshape(-1) if layout.uniform else \
+            layout.pack([s.numpy() for s in sums], self.group_dims)
         splits = layout.row_splits
         if nxt is not None:          # each shard's part: its row gradients, then its next keys
             push, splits = _with_keys(push, layout.row_splits, nxt[0].keys, nxt[0].splits)
@@ -648,6 +676,8 @@ class HeterTrainer:
             keys = keys.numpy()
         self._pending = None
         table_of = np.searchsorted(self.offsets, keys, side="right") - 1
+        if self.shard.dim is not None:          # tables of one width: no loop over tables
+            return self._serve_uniform(keys, got, table_of, sp, next_inputs)
         dims = np.array([t["dim"] for t in self.tables], np.int64)
         per_key = dims[table_of]
         starts = np.concatenate([[0], np.cumsum(per_key)]).astype(np.int64)
@@ -684,6 +714,23 @@ class HeterTrainer:
         self.shard.apply_local(local, values)
         return None
 
+    def _serve_uniform(self, keys, got, table_of, sp, next_inputs):
+        """:meth:`_step_ps` for tables of one row width: the keys of every
+        table gathered, and their gradients applied, in one graph call each
+        (:meth:`~horovod_prio.heter.ps.Shard.gather_keys`, ``apply_keys``)."""
+        tf, dim = self.tf, self.shard.dim
+        local = self.shard.check_keys(table_of, keys - self.offsets[table_of])
+        flat = self.shard.gather_keys(table_of, local)
+        splits = [int(c) * dim for c in got]
+        self._alltoall(tf.reshape(flat, [-1]), splits, "sparse_ps", "rows")
+        grads, got_push = self._alltoall(tf.zeros([0], tf.float32), [0] * len(sp), "sparse_ps",
+                                         "row_grads")
+        grads = grads.numpy()
+        if next_inputs is not None:
+            grads, self._pending = _split_keys(grads, got_push, splits)
+        self.shard.apply_keys(table_of, local, grads.reshape(-1, dim))
+        return None
+
     # dense trainer ------------------------------------------------------------------
 
     def _step_dense(self, inputs, labels, ahead, next_inputs, n_next):
@@ -693,17 +740,11 @@ class HeterTrainer:
         sd = self._ranks["sparse_dense"]
         act, _ = self._alltoall(tf.zeros([0, self.features], tf.float32), [0] * len(sd),
                                 "sparse_dense", "activations")
-        acts, col = [], 0
-        for c in self.cut:
-            acts.append(tf.reshape(act[:, col:col + c["width"]], (hi - lo,) + c["shape"]))
-            col += c["width"]
         dense_in = [tf.constant(np.asarray(inputs[nm][lo:hi])) for nm in self.dense_input_names]
         weight = None if len(self.dense_ranks) == 1 else \
             tf.constant((hi - lo) / len(labels), tf.float32)
-        loss, grads, act_grads = self._dense_grad(dense_in, acts,
-                                                  tf.constant(np.asarray(labels[lo:hi])), weight)
-        dact = tf.concat([tf.reshape(g, [hi - lo, -1]) for g in act_grads], axis=1) \
-            if len(act_grads) > 1 else tf.reshape(act_grads[0], [hi - lo, -1])
+        loss, grads, dact = self._dense_grad(dense_in, tf.reshape(act, [hi - lo, self.features]),
+                                             tf.constant(np.asarray(labels[lo:hi])), weight)
         back = [_overlap((lo, hi), b) for b in self._bounds["sparse"]]
         self._alltoall(dact, self._set_splits("sparse_dense", self.sparse_ranks, back),
                        "sparse_dense", "activation_grads")

@@ -156,3 +156,53 @@ def test_a_shard_of_a_table_spec_initialises_only_its_rows(sharding):
                                                                            np.float32))
     ids = shards[1].state()["tables"]["t"]["ids"]
     assert np.array_equal(shards[1].pull("t", ids).numpy(), shards[1].tables["t"].numpy())
+
+
+@pytest.mark.parametrize("sharding", ["mod", "range"])
+@pytest.mark.parametrize("kind", ["adagrad", "adam"])
+def test_keys_of_all_tables_in_one_call_match_the_per_table_path_bitwise(kind, sharding):
+    """gather_keys / apply_keys (tables of one width, ids of every table in
+    one array, the order they arrive in) give the rows and the update of
+    check_ids + gather_local / apply_local, bit for bit, with grappler on."""
+    rng = np.random.default_rng(5)
+    rows = {"a": 31, "b": 9, "c": 17}
+    init = {n: rng.standard_normal((r, DIM)).astype(np.float32) for n, r in rows.items()}
+    opt = ps.Optimizer.from_keras(keras_optimizer(kind))
+    one, per = (ps.Shard(1, 2, init, opt, sharding) for _ in range(2))
+    assert one.dim == DIM
+    names = list(rows)
+    for step in range(4):
+        table_of = rng.integers(0, 3, 40)
+        table_of[:5] = 1                                  # "c" may get none in a step
+        ids = np.array([rng.integers(0, rows[names[t]]) for t in table_of], np.int64)
+        mine = np.array([one.shardings[names[t]].owner(i) == 1 for t, i in zip(table_of, ids)])
+        table_of, ids = table_of[mine], ids[mine]
+        values = rng.standard_normal((len(ids), DIM)).astype(np.float32)
+        local = one.check_keys(table_of, ids)
+        got = one.gather_keys(table_of, local).numpy()
+        by_table = [np.flatnonzero(table_of == t) for t in range(3)]
+        want_local = [per.check_ids(n, ids[w]) for n, w in zip(names, by_table)]
+        want = np.empty_like(got)
+        for w, r in zip(by_table, per.gather_local(want_local)):
+            want[w] = r.numpy()
+        assert np.array_equal(got, want), step
+        one.apply_keys(table_of, local, values)
+        per.apply_local(want_local, [values[w] for w in by_table])
+    a, b = one.state(), per.state()
+    assert a["step"] == b["step"] == 4
+    for n in names:
+        for field in b["tables"][n]:
+            assert np.array_equal(a["tables"][n][field], b["tables"][n][field]), (n, field)
+
+
+def test_keys_of_all_tables_name_a_bad_id_and_need_one_width():
+    sh = ps.Shard(0, 2, {"a": np.zeros((6, 2)), "b": np.zeros((4, 2))}, ps.Optimizer("sgd", 0.1))
+    with pytest.raises(ValueError, match=r"table 'b': ids \[4\] are not rows of shard 0 of 2"):
+        sh.check_keys([0, 1, 1], [2, 0, 4])
+    with pytest.raises(ValueError, match=r"table 'a': ids \[3\] are not rows of shard 0 of 2"):
+        sh.check_keys([0, 1], [3, 2])
+    assert sh.gather_keys([], np.zeros([0], np.int64)).shape == (0, 2)
+    mixed = ps.Shard(0, 1, {"a": np.zeros((6, 2)), "b": np.zeros((4, 3))}, ps.Optimizer("sgd", 0.1))
+    assert mixed.dim is None
+    with pytest.raises(ValueError, match=r"several row widths \[2, 3\]"):
+        mixed.gather_keys([0], [1])

@@ -76,7 +76,8 @@ def test_a_shard_killed_mid_step_ends_the_job(controller, tmp_path):
 def test_two_of_each_role_interleaved_match_one_process_within_float32_reordering(tmp_path):
     """Roles dense=0+3, ps=1+4, sparse=2+5 (Gloo; the collectives are the same
     under MPI): sharded pulls and pushes, batch slices that straddle trainers,
-    the dense allreduce. The same sums are formed in another order (per-slice
+    the dense allreduce; Adagrad on tables of two widths, Adam on the pooled
+    model's tables of one width (the shards' one-call path). The same sums are formed in another order (per-slice
     sums of a repeated id, then their sum on the shard; the allreduce), each
     reordered float32 addition can move a result by an ulp of its terms'
     magnitude: the error is absolute on the scale of the weights (O(0.1-1)),

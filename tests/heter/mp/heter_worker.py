@@ -8,7 +8,8 @@
                                     then a checkpoint round trip and a
                                     batch with an id out of range
     heter_worker.py OUT_DIR multi   Adagrad and Adam only, for several shards /
-                                    trainers (OUT_DIR/multi_rank<r>.json)
+                                    trainers, Adam on the pooled model
+                                    (OUT_DIR/multi_rank<r>.json)
     heter_worker.py OUT_DIR pooled  Adagrad and Adam on a model whose multi-hot
                                     field is mean-pooled (a sparse-kind layer
                                     that runs on the sparse trainer), tables of
@@ -65,7 +66,11 @@ def build_pooled(rows_a=ROWS_A, rows_b=ROWS_B):
     return tf.keras.Model([a, b, x], tf.keras.layers.Dense(1, name="out")(h), name="pooled_dlrm")
 
 
-BUILD = build_pooled if MODE == "pooled" else build_model
+def builder(kind):
+    """The pooled model (tables of one width: the shards' and sparse trainers'
+    one-width path) in "pooled", and for Adam in "multi" (two shards)."""
+    return build_pooled if MODE == "pooled" or (MODE == "multi" and kind == "adam") \
+        else build_model
 
 
 def batches(seed):
@@ -83,7 +88,7 @@ OPTS = {"sgd": lambda: tf.keras.optimizers.SGD(0.1),
 
 
 def reference(init, kind):
-    model = BUILD()
+    model = builder(kind)()
     model.set_weights(init)
     opt, loss_fn = OPTS[kind](), tf.keras.losses.BinaryCrossentropy(from_logits=True)
 
@@ -124,7 +129,7 @@ if MODE in ("exact", "multi", "pooled"):
                                                  zip(roles.set_ranks(), roles.process_sets())}}
     for kind in (OPTS if MODE == "exact" else ("adagrad", "adam")):
         tf.keras.utils.set_random_seed(3)
-        model = BUILD()
+        model = builder(kind)()
         init = model.get_weights()
         trainer = HeterTrainer(model, tf.keras.losses.BinaryCrossentropy(from_logits=True),
                                OPTS[kind](), roles)
