@@ -134,13 +134,13 @@ class ServerProbe:
         from horovod_prio.arbiter import server as S
         from horovod_prio.arbiter import transport as T
         probe = self
-        orig_select = srv.sel.select
+        orig_poll = srv._poll
 
-        def select(timeout=None):
-            r = orig_select(timeout)
+        def poll(timeout=-1):
+            r = orig_poll(timeout)
             probe._wake = _now()
             return r
-        srv.sel.select = select
+        srv._poll = poll
         orig_on_readable = S._Conn.on_readable
         orig_read, orig_write = T.Transport.read, T.Transport.write
         orig_seal, orig_open = P.Session.seal, P.Session.open
