@@ -466,7 +466,7 @@ class _Server:
                 cmd = [sys.executable, "-c", "import sys; sys.path.insert(0, %r); "
                        "from horovod_prio.cli import main; sys.exit(main())" % tree,
                        "arbiter", "--bind", "127.0.0.1:0", "--credit-bytes", "1GiB",
-                       "--log-level", "WARNING"]
+                       "--log-level", "WARNING"] + args.arbiter_args.split()
             self._popen(args.arbiter_prefix.split() + cmd, env, r"listening on ([\d.]+):(\d+)")
         elif self.kind in ("native", "native-echo"):
             exe, self.hmac = build_native(exe=args.native_exe)
@@ -711,6 +711,7 @@ def run(args):
         "host": host_load(h0, h1, (srv_cpu or 0.0) + client_cpu if client_cpu is not None else None),
         "fallback_grants": sum(c.get("fallback_grants", 0) for c in counters.values()),
         "arbiter_prefix": args.arbiter_prefix,
+        "arbiter_args": args.arbiter_args,
         "tree": args.tree,
         # CPU per round trip (request + grant + complete), from the start signal on:
         # load-independent cost
@@ -782,6 +783,9 @@ def parse_args(argv=None):
     ap.add_argument("--arbiter-prefix", default="", metavar="CMD",
                     help="prefix for the arbiter's command line, e.g. 'chrt -f 10' or 'nice -n -10' "
                          "(scheduling priority of the arbiter on a shared box)")
+    ap.add_argument("--arbiter-args", default="", metavar="ARGS",
+                    help="more options for the Python arbiter (horovod-prio arbiter), e.g. "
+                         "'--priority realtime --cpu 1': the product's own placement knobs")
     ap.add_argument("--server", choices=SERVERS, default="python",
                     help="python: the arbiter (horovod-prio arbiter); native: C epoll loop, same "
                          "protocol incl. HMAC, grants at once; echo: bare Python selectors echo; "
@@ -830,6 +834,8 @@ def parse_args(argv=None):
                                        or args.profile):
         ap.error("--client %s (the scheduler's path) needs --server python or native, and "
                  "takes no --ab-tree or --profile" % args.client)
+    if args.arbiter_args and (args.server != "python" or args.profile):
+        ap.error("--arbiter-args are options of the Python arbiter: --server python, no --profile")
     if args.profile and (args.client != "python" or args.server not in _ARBITER_PROTO):
         ap.error("--profile times the Python ArbiterClient: --client python with --server "
                  "python or native")

@@ -6,6 +6,7 @@
                          [--class-reserve F]
                          [--handshake-timeout S] [--max-connections N]
                          [--max-handshakes N] [--log-level LEVEL]
+                         [--cpu LIST] [--priority realtime[=N]|nice=N]
     horovod-prio arbiter --stats HOST:PORT [--secret-file F]
 
 The secret comes from ``--secret-file`` (whole file, surrounding whitespace
@@ -13,6 +14,10 @@ stripped) or else the environment variable ``HOROVOD_PRIO_ARBITER_SECRET``.
 Byte sizes, counts and seconds are read by :mod:`horovod_prio.method.units`,
 the parsers of the ``HOROVOD_PRIO_*`` variables (``16MiB``, ``1.5MiB``,
 ``1MB`` = 10^6 bytes; a bad value exits 2 naming the option and the rule).
+
+``--cpu`` and ``--priority`` place the service on the machine (its loop
+thread inherits both): they are applied before it binds, and a placement the
+operating system refuses exits 1 naming the option and what would permit it.
 """
 import argparse
 import json
@@ -40,6 +45,107 @@ def _link_credit(text):
     if not sep or not name:
         raise argparse.ArgumentTypeError("expected LINK=BYTES, got %r" % text)
     return name, _bytes(val)
+
+
+class PlacementError(Exception):
+    """``--cpu`` / ``--priority`` cannot be applied (the message names the option)."""
+
+
+def parse_cpus(text):
+    """``--cpu``: ``"3"``, ``"0,2"``, ``"0-3"`` (or a mix) -> frozenset of CPU numbers."""
+    out = set()
+    for part in str(text).split(","):
+        lo, sep, hi = part.strip().partition("-")
+        try:
+            lo = int(lo)
+            hi = int(hi) if sep else lo
+        except ValueError:
+            raise argparse.ArgumentTypeError(
+                "expected CPU numbers such as 3, 0,2 or 0-3, got %r" % text) from None
+        if lo < 0 or hi < lo:
+            raise argparse.ArgumentTypeError(
+                "expected CPU numbers >= 0 and ranges LOW-HIGH with LOW <= HIGH, got %r" % text)
+        out.update(range(lo, hi + 1))
+    return frozenset(out)
+
+
+REALTIME_DEFAULT = 10
+
+
+def parse_priority(text):
+    """``--priority``: ``realtime`` (SCHED_FIFO at priority 10), ``realtime=N``
+    (N in 1..99) or ``nice=N`` (N in -20..19) -> ``(kind, N)``."""
+    kind, sep, val = str(text).partition("=")
+    rule = "expected realtime, realtime=N (N in 1..99) or nice=N (N in -20..19), got %r" % text
+    if kind == "realtime" and not sep:
+        return "realtime", REALTIME_DEFAULT
+    if kind not in ("realtime", "nice") or not sep:
+        raise argparse.ArgumentTypeError(rule)
+    try:
+        n = int(val)
+    except ValueError:
+        raise argparse.ArgumentTypeError(rule) from None
+    if not (1 <= n <= 99 if kind == "realtime" else -20 <= n <= 19):
+        raise argparse.ArgumentTypeError(rule)
+    return kind, n
+
+
+def _cpu_list(cpus):
+    return ",".join(str(c) for c in sorted(cpus))
+
+
+def apply_placement(cpus=None, priority=None):
+    """Pin the calling thread to ``cpus`` and give it ``priority`` (from
+    :func:`parse_cpus` / :func:`parse_priority`); threads it starts later
+    inherit both (Linux keeps them per thread). Returns what was applied, as
+    a sentence; raises :class:`PlacementError` when the system refuses."""
+    done = []
+    if cpus:
+        if not hasattr(os, "sched_setaffinity"):
+            raise PlacementError("--cpu %s: CPU pinning is not supported on this platform"
+                                 % _cpu_list(cpus))
+        allowed = os.sched_getaffinity(0)
+        missing = sorted(set(cpus) - allowed)
+        if missing:
+            raise PlacementError("--cpu %s: CPU %s not available to this process (allowed: %s)"
+                                 % (_cpu_list(cpus), _cpu_list(missing), _cpu_list(allowed)))
+        try:
+            os.sched_setaffinity(0, cpus)
+        except OSError as e:
+            raise PlacementError("--cpu %s: cannot pin the arbiter: %s"
+                                 % (_cpu_list(cpus), e.strerror or e)) from None
+        done.append("pinned to CPU %s" % _cpu_list(cpus))
+    if priority is not None:
+        kind, n = priority
+        if kind == "realtime":
+            if not hasattr(os, "sched_setscheduler"):
+                raise PlacementError("--priority realtime=%d: real-time scheduling is not "
+                                     "supported on this platform" % n)
+            try:
+                os.sched_setscheduler(0, os.SCHED_FIFO, os.sched_param(n))
+            except PermissionError:
+                raise PlacementError(
+                    "--priority realtime=%d: not permitted: SCHED_FIFO needs root, "
+                    "CAP_SYS_NICE or an RLIMIT_RTPRIO of at least %d (systemd: "
+                    "AmbientCapabilities=CAP_SYS_NICE or LimitRTPRIO=%d; docker: --cap-add "
+                    "SYS_NICE)" % (n, n, n)) from None
+            except OSError as e:
+                raise PlacementError("--priority realtime=%d: cannot set SCHED_FIFO: %s"
+                                     % (n, e.strerror or e)) from None
+            done.append("scheduled SCHED_FIFO at priority %d" % n)
+        else:
+            try:
+                os.setpriority(os.PRIO_PROCESS, 0, n)
+            except PermissionError:
+                raise PlacementError(
+                    "--priority nice=%d: not permitted: a nice value below the current one "
+                    "needs root, CAP_SYS_NICE or RLIMIT_NICE (systemd: Nice=%d or "
+                    "AmbientCapabilities=CAP_SYS_NICE)" % (n, n)) from None
+            except OSError as e:
+                raise PlacementError("--priority nice=%d: cannot set it: %s"
+                                     % (n, e.strerror or e)) from None
+            done.append("at nice %d" % n)
+    return "; ".join(done)
 
 
 def build_parser():
@@ -76,6 +182,14 @@ def build_parser():
                    help="authenticated connections (jobs, --stats) at most (default 1024)")
     p.add_argument("--max-handshakes", type=_positive_count, default=64, metavar="N",
                    help="connections still in the handshake at most (default 64)")
+    p.add_argument("--cpu", type=parse_cpus, metavar="LIST",
+                   help="pin the arbiter to these CPUs (e.g. 3, 2,3 or 2-3); best a CPU the "
+                        "jobs' busy threads do not use")
+    p.add_argument("--priority", type=parse_priority, metavar="realtime[=N]|nice=N",
+                   help="scheduling priority of the arbiter: realtime = SCHED_FIFO (priority N, "
+                        "1..99, default %d; needs root or CAP_SYS_NICE), nice=N (-20..19; below "
+                        "the current value needs the same). A busy machine then wakes the "
+                        "arbiter first; default: unchanged" % REALTIME_DEFAULT)
     p.add_argument("--timeout", type=_seconds, default=2.0, help="--stats: seconds to wait (default 2)")
     p.add_argument("--log-level", default="INFO",
                    choices=["DEBUG", "INFO", "WARNING", "ERROR", "debug", "info", "warning", "error"])
@@ -119,6 +233,14 @@ def main(argv=None):
             return 1
         print(json.dumps(stats, indent=2, sort_keys=True))
         return 0
+
+    if args.cpu or args.priority:
+        try:
+            placed = apply_placement(args.cpu, args.priority)   # the loop thread inherits it
+        except PlacementError as e:
+            print("horovod-prio arbiter: %s" % e, file=sys.stderr)
+            return 1
+        logging.getLogger("horovod_prio.arbiter").info("arbiter: %s", placed)
 
     from .server import ArbiterServer
     srv = ArbiterServer(addr[0], addr[1], secret, credit_bytes=args.credit_bytes,
