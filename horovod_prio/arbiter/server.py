@@ -49,40 +49,40 @@ _MAX_WRITE_BUFFER = 1 << 20
 _STATS_LOW_WATER = 256 << 10    # STATS_REPLY fragments are queued while less is unsent
 
 
-if hasattr(select, "epoll"):
-    _IN, _OUT = select.EPOLLIN, select.EPOLLOUT
-    _new_poller = select.epoll
-else:                                   # pragma: no cover (no epoll: BSD, macOS)
-    _IN, _OUT = 1, 4
+_IN, _OUT = getattr(select, "EPOLLIN", 1), getattr(select, "EPOLLOUT", 4)
 
-    class _new_poller:
-        """epoll's calls on ``selectors`` (``poll`` -> ``[(fd, mask)]``, same bits)."""
 
-        def __init__(self):
-            self._sel = selectors.DefaultSelector()
+class _SelectorsPoller:
+    """epoll's calls on ``selectors``, where the OS has no epoll (BSD, macOS):
+    ``poll(timeout)`` -> ``[(fd, mask)]`` with the same bits."""
 
-        @staticmethod
-        def _sel_events(mask):
-            return (selectors.EVENT_READ if mask & _IN else 0) | \
-                (selectors.EVENT_WRITE if mask & _OUT else 0)
+    def __init__(self):
+        self._sel = selectors.DefaultSelector()
 
-        def register(self, fd, mask):
-            self._sel.register(fd, self._sel_events(mask))
+    @staticmethod
+    def _events(mask):
+        return (selectors.EVENT_READ if mask & _IN else 0) | \
+            (selectors.EVENT_WRITE if mask & _OUT else 0)
 
-        def modify(self, fd, mask):
-            self._sel.modify(fd, self._sel_events(mask))
+    def register(self, fd, mask):
+        self._sel.register(fd, self._events(mask))
 
-        def unregister(self, fd):
-            self._sel.unregister(fd)
+    def modify(self, fd, mask):
+        self._sel.modify(fd, self._events(mask))
 
-        def poll(self, timeout):
-            return [(k.fd, (_IN if ev & selectors.EVENT_READ else 0)
-                     | (_OUT if ev & selectors.EVENT_WRITE else 0))
-                    for k, ev in self._sel.select(timeout)]
+    def unregister(self, fd):
+        self._sel.unregister(fd)
 
-        def close(self):
-            self._sel.close()
+    def poll(self, timeout):
+        return [(k.fd, (_IN if ev & selectors.EVENT_READ else 0)
+                 | (_OUT if ev & selectors.EVENT_WRITE else 0))
+                for k, ev in self._sel.select(timeout)]
 
+    def close(self):
+        self._sel.close()
+
+
+_new_poller = getattr(select, "epoll", _SelectorsPoller)
 _READ, _RW = _IN, _IN | _OUT
 _HELLO, _PROOF, _AUTH = 0, 1, 2
 
