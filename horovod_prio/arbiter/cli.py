@@ -28,8 +28,10 @@ import sys
 
 from horovod_prio.method import units
 
+from . import placement
 from . import protocol as P
 from .core import Arbiter
+from .placement import PlacementError  # noqa: F401 (the CLI's error, re-exported)
 
 SECRET_ENV = "HOROVOD_PRIO_ARBITER_SECRET"
 
@@ -45,10 +47,6 @@ def _link_credit(text):
     if not sep or not name:
         raise argparse.ArgumentTypeError("expected LINK=BYTES, got %r" % text)
     return name, _bytes(val)
-
-
-class PlacementError(Exception):
-    """``--cpu`` / ``--priority`` cannot be applied (the message names the option)."""
 
 
 def parse_cpus(text):
@@ -69,82 +67,23 @@ def parse_cpus(text):
     return frozenset(out)
 
 
-REALTIME_DEFAULT = 10
-
-
-def parse_priority(text):
-    """``--priority``: ``realtime`` (SCHED_FIFO at priority 10), ``realtime=N``
-    (N in 1..99) or ``nice=N`` (N in -20..19) -> ``(kind, N)``."""
-    kind, sep, val = str(text).partition("=")
-    rule = "expected realtime, realtime=N (N in 1..99) or nice=N (N in -20..19), got %r" % text
-    if kind == "realtime" and not sep:
-        return "realtime", REALTIME_DEFAULT
-    if kind not in ("realtime", "nice") or not sep:
-        raise argparse.ArgumentTypeError(rule)
-    try:
-        n = int(val)
-    except ValueError:
-        raise argparse.ArgumentTypeError(rule) from None
-    if not (1 <= n <= 99 if kind == "realtime" else -20 <= n <= 19):
-        raise argparse.ArgumentTypeError(rule)
-    return kind, n
-
-
-def _cpu_list(cpus):
-    return ",".join(str(c) for c in sorted(cpus))
+REALTIME_DEFAULT = units.REALTIME_DEFAULT
+# ``--priority``: ``realtime`` (SCHED_FIFO at priority 10), ``realtime=N`` (N in
+# 1..99) or ``nice=N`` (N in -20..19) -> ``(kind, N)``
+parse_priority = units.arg(units.parse_sched_priority)
 
 
 def apply_placement(cpus=None, priority=None):
     """Pin the calling thread to ``cpus`` and give it ``priority`` (from
     :func:`parse_cpus` / :func:`parse_priority`); threads it starts later
-    inherit both (Linux keeps them per thread). Returns what was applied, as
-    a sentence; raises :class:`PlacementError` when the system refuses."""
+    inherit both. Returns what was applied, as a sentence; raises
+    :class:`PlacementError` when the system refuses."""
     done = []
     if cpus:
-        if not hasattr(os, "sched_setaffinity"):
-            raise PlacementError("--cpu %s: CPU pinning is not supported on this platform"
-                                 % _cpu_list(cpus))
-        allowed = os.sched_getaffinity(0)
-        missing = sorted(set(cpus) - allowed)
-        if missing:
-            raise PlacementError("--cpu %s: CPU %s not available to this process (allowed: %s)"
-                                 % (_cpu_list(cpus), _cpu_list(missing), _cpu_list(allowed)))
-        try:
-            os.sched_setaffinity(0, cpus)
-        except OSError as e:
-            raise PlacementError("--cpu %s: cannot pin the arbiter: %s"
-                                 % (_cpu_list(cpus), e.strerror or e)) from None
-        done.append("pinned to CPU %s" % _cpu_list(cpus))
+        done.append(placement.apply_cpus(cpus, "--cpu %s" % placement.cpu_list(cpus)))
     if priority is not None:
-        kind, n = priority
-        if kind == "realtime":
-            if not hasattr(os, "sched_setscheduler"):
-                raise PlacementError("--priority realtime=%d: real-time scheduling is not "
-                                     "supported on this platform" % n)
-            try:
-                os.sched_setscheduler(0, os.SCHED_FIFO, os.sched_param(n))
-            except PermissionError:
-                raise PlacementError(
-                    "--priority realtime=%d: not permitted: SCHED_FIFO needs root, "
-                    "CAP_SYS_NICE or an RLIMIT_RTPRIO of at least %d (systemd: "
-                    "AmbientCapabilities=CAP_SYS_NICE or LimitRTPRIO=%d; docker: --cap-add "
-                    "SYS_NICE)" % (n, n, n)) from None
-            except OSError as e:
-                raise PlacementError("--priority realtime=%d: cannot set SCHED_FIFO: %s"
-                                     % (n, e.strerror or e)) from None
-            done.append("scheduled SCHED_FIFO at priority %d" % n)
-        else:
-            try:
-                os.setpriority(os.PRIO_PROCESS, 0, n)
-            except PermissionError:
-                raise PlacementError(
-                    "--priority nice=%d: not permitted: a nice value below the current one "
-                    "needs root, CAP_SYS_NICE or RLIMIT_NICE (systemd: Nice=%d or "
-                    "AmbientCapabilities=CAP_SYS_NICE)" % (n, n)) from None
-            except OSError as e:
-                raise PlacementError("--priority nice=%d: cannot set it: %s"
-                                     % (n, e.strerror or e)) from None
-            done.append("at nice %d" % n)
+        done.append(placement.apply_priority(priority,
+                                             "--priority %s" % placement.spelled(priority)))
     return "; ".join(done)
 
 

@@ -1,6 +1,7 @@
 """``horovod-prio arbiter --cpu/--priority``: what is parsed, what is applied
 to the serving threads, and the errors when the system refuses. No timing."""
 import argparse
+import json
 import os
 import re
 import resource
@@ -173,3 +174,87 @@ def test_refused_realtime_exits_1_naming_the_option():
     assert r.returncode == 1, (r.stdout, r.stderr)
     assert "horovod-prio arbiter: --priority realtime=10: not permitted" in r.stderr
     assert "listening" not in r.stdout
+
+
+# ---------------------------------------------------------------- the clients' I/O thread
+
+from test_arbiter_net import client_class, client_factory, key, server_factory  # noqa: E402,F401
+
+
+def _nice():
+    return os.getpriority(os.PRIO_PROCESS, 0)
+
+
+@needs(LINUX and _nice() <= 17, "needs Linux (/proc) and a nice value <= 17 to raise")
+def test_client_io_thread_takes_its_priority(server_factory, client_factory):  # noqa: F811
+    mine = _nice()
+    srv = server_factory(credit_bytes=100)
+    c, g = client_factory(srv.address, "A", io_priority="nice=%d" % (mine + 2))
+    c.request(key("x"), 1, 10)
+    assert g.wait_for("x")
+    niced = [t for t in _threads(os.getpid()) if t[2] == mine + 2]
+    assert len(niced) == 1, _threads(os.getpid())        # the client's I/O thread alone
+    assert _nice() == mine                                # not the caller's thread
+
+
+@pytest.mark.parametrize("bad", ["fifo", "realtime=0", "nice=20", ("nice", 30), 5])
+def test_client_io_priority_is_checked(client_class, bad):  # noqa: F811
+    with pytest.raises(ValueError, match=r"io_priority must be realtime, realtime=N"):
+        client_class("127.0.0.1:9", "L", "A", SECRET, lambda k: None, io_priority=bad)
+
+
+def test_client_from_config_passes_the_io_priority():
+    from horovod_prio.arbiter.client import client_from_config
+    from horovod_prio.method.config import PriorityConfig
+    seen = {}
+
+    def cls(*a, **kw):
+        seen.update(kw)
+    cfg = PriorityConfig.from_env({}, arbiter="127.0.0.1:9", link="l", arbiter_secret=SECRET,
+                                  arbiter_io_priority="realtime=20")
+    client_from_config(cfg, on_grant=None, client_cls=cls)
+    assert seen["io_priority"] == ("realtime", 20)
+
+
+_REFUSED = r"""
+import json, logging, sys
+from horovod_prio.arbiter.server import ArbiterServer
+records = []
+class H(logging.Handler):
+    def emit(self, r):
+        records.append((r.levelname, r.getMessage()))
+logging.getLogger("horovod_prio.arbiter").addHandler(H())
+logging.getLogger("horovod_prio.arbiter").setLevel(logging.INFO)
+if sys.argv[1] == "native":
+    from horovod_prio.scheduler.arbiter_client import NativeArbiterClient as C
+else:
+    from horovod_prio.arbiter.client import ArbiterClient as C
+import threading
+srv = ArbiterServer("127.0.0.1", 0, sys.argv[2], credit_bytes=100)
+srv.start()
+got = threading.Event()
+c = C("%s:%d" % srv.address, "L", "A", sys.argv[2], lambda k: got.set(), timeout=1.0,
+      io_priority="realtime")
+c.request(7, 1, 10)
+ok = got.wait(5)
+c.close()
+srv.stop()
+print(json.dumps({"granted": ok, "grants": c.counters["arbiter_grants"], "log": records}))
+"""
+
+
+@needs(LINUX and _refusing_prefix() is not None,
+       "needs Linux and, as root, setpriv (to run a client without CAP_SYS_NICE)")
+@pytest.mark.parametrize("kind", ["python", pytest.param("native", marks=pytest.mark.scheduler_lib)])
+def test_refused_io_priority_is_one_warning_and_the_client_works(kind):
+    r = subprocess.run(_refusing_prefix() + [sys.executable, "-c", _REFUSED, kind, SECRET],
+                       capture_output=True, text=True, timeout=30, env=_env())
+    assert r.returncode == 0, r.stderr
+    out = json.loads(r.stdout.strip().splitlines()[-1])
+    assert out["granted"] and out["grants"] == 1, out
+    warnings = [m for lvl, m in out["log"] if lvl == "WARNING"]
+    assert warnings == [
+        "arbiter client A: HOROVOD_PRIO_ARBITER_IO_PRIORITY=realtime=10: not permitted: "
+        "SCHED_FIFO needs root, CAP_SYS_NICE or an RLIMIT_RTPRIO of at least 10 (systemd: "
+        "AmbientCapabilities=CAP_SYS_NICE or LimitRTPRIO=10; docker: --cap-add SYS_NICE); "
+        "its I/O thread keeps the default priority"], out["log"]
