@@ -89,6 +89,7 @@ if ROOT not in sys.path:
     sys.path.insert(0, ROOT)
 
 SECRET = "benchmark-secret"
+IO_PRIORITY_ENV = "HOROVOD_PRIO_ARBITER_IO_PRIORITY"    # --io-priority, read by the job processes
 
 
 class _Reply:
@@ -138,7 +139,8 @@ def _job(idx, addr, samples, interval, warmup, q, start_evt, profile=False, tree
     from horovod_prio.arbiter.client import ArbiterClient
     on_grant = _Reply()
 
-    cl = ArbiterClient(addr, "link0", "job%d" % idx, SECRET, on_grant, timeout=0.5)
+    cl = ArbiterClient(addr, "link0", "job%d" % idx, SECRET, on_grant, timeout=0.5,
+                       io_priority=os.environ.get(IO_PRIORITY_ENV) or None)
     probe = None
     if profile:
         from benchmarks.rtt_probe import ClientProbe
@@ -162,6 +164,7 @@ def _job(idx, addr, samples, interval, warmup, q, start_evt, profile=False, tree
         return
     c = cl.counters
     c["cpu_seconds"] = time.process_time() - cpu0
+    c["io_priority"] = cl.io_priority
     cl.close()
     if probe is not None:
         recs = []
@@ -184,7 +187,8 @@ def _sched_job(kind, idx, addr, samples, interval, warmup, q, start_evt, profile
     s.configure(1 << 30, True)
     s.set_tracing(True)
     cfg = PriorityConfig.from_env({}, arbiter=addr, link="link0", job_id="job%d" % idx,
-                                  arbiter_secret=SECRET, arbiter_timeout=0.5, arbiter_client=kind)
+                                  arbiter_secret=SECRET, arbiter_timeout=0.5, arbiter_client=kind,
+                                  arbiter_io_priority=os.environ.get(IO_PRIORITY_ENV) or None)
     al = ArbiterLink.attach(s, cfg)
     deadline = time.monotonic() + 10
     while not al.client.connected and time.monotonic() < deadline:
@@ -227,6 +231,7 @@ def _sched_job(kind, idx, addr, samples, interval, warmup, q, start_evt, profile
         return
     c["cpu_seconds"] = cpu
     c["arbiter_client"] = "native" if al.native else "python"
+    c["io_priority"] = cfg.arbiter_io_priority
     q.put((idx, rtts, c))
 
 
@@ -704,6 +709,9 @@ def run(args):
     kinds = sorted({c["arbiter_client"] for c in counters.values() if "arbiter_client" in c})
     if kinds:                                   # --client sched-*: the client the jobs ran
         extra["arbiter_client"] = kinds
+    # what the jobs' clients were given (None: default priority)
+    extra["jobs_io_priority"] = sorted({"%s=%d" % c["io_priority"] if c.get("io_priority")
+                                        else None for c in counters.values()}, key=str)
     for c in counters.values():
         c.pop("rtts", None)
     extra.update({
@@ -712,6 +720,7 @@ def run(args):
         "fallback_grants": sum(c.get("fallback_grants", 0) for c in counters.values()),
         "arbiter_prefix": args.arbiter_prefix,
         "arbiter_args": args.arbiter_args,
+        "io_priority": args.io_priority,
         "tree": args.tree,
         # CPU per round trip (request + grant + complete), from the start signal on:
         # load-independent cost
@@ -786,6 +795,9 @@ def parse_args(argv=None):
     ap.add_argument("--arbiter-args", default="", metavar="ARGS",
                     help="more options for the Python arbiter (horovod-prio arbiter), e.g. "
                          "'--priority realtime --cpu 1': the product's own placement knobs")
+    ap.add_argument("--io-priority", metavar="P",
+                    help="the jobs' arbiter client I/O thread priority (HOROVOD_PRIO_ARBITER_"
+                         "IO_PRIORITY: realtime[=N] or nice=N); Python and sched-* jobs")
     ap.add_argument("--server", choices=SERVERS, default="python",
                     help="python: the arbiter (horovod-prio arbiter); native: C epoll loop, same "
                          "protocol incl. HMAC, grants at once; echo: bare Python selectors echo; "
@@ -834,6 +846,15 @@ def parse_args(argv=None):
                                        or args.profile):
         ap.error("--client %s (the scheduler's path) needs --server python or native, and "
                  "takes no --ab-tree or --profile" % args.client)
+    if args.io_priority is not None:
+        from horovod_prio.method import units
+        try:
+            units.parse_sched_priority(args.io_priority)
+        except units.BadValue as e:
+            ap.error("--io-priority: %s" % e)
+        if args.client.startswith("native") or args.server not in _ARBITER_PROTO:
+            ap.error("--io-priority sets the arbiter clients' I/O thread: --client python or "
+                     "sched-*, --server python or native")
     if args.arbiter_args and (args.server != "python" or args.profile):
         ap.error("--arbiter-args are options of the Python arbiter: --server python, no --profile")
     if args.profile and (args.client != "python" or args.server not in _ARBITER_PROTO):
@@ -857,6 +878,8 @@ def main(argv=None):
     args = parse_args(argv)
     if args.grant_rate:
         return _grant_rate_main(args)
+    if args.io_priority is not None:
+        os.environ[IO_PRIORITY_ENV] = args.io_priority      # the spawned jobs inherit it
     return run(args)
 
 

@@ -109,7 +109,7 @@ class ArbiterClient:
                  max_wait=10.0, idle_heartbeat=1.0, handshake_timeout=None,
                  backoff_initial=0.05, backoff_max=2.0, io_priority=None):
         self._addr = parse_address(address)
-        self._io_priority = placement.io_priority(io_priority)
+        self.io_priority = placement.io_priority(io_priority)
         _check_name("link", link)
         _check_name("job_id", job_id)
         _check_int("job_class", job_class, P.I32_MIN, P.I32_MAX)
@@ -323,8 +323,8 @@ class ArbiterClient:
 
     # ================================================================ I/O thread
     def _run(self):
-        if self._io_priority is not None:
-            placement.apply_io_priority(self._io_priority, self.job_id, log)
+        if self.io_priority is not None:
+            placement.apply_io_priority(self.io_priority, self.job_id, log)
         try:
             while self._loop_once():
                 pass

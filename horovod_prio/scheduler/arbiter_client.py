@@ -89,6 +89,7 @@ class NativeArbiterClient:
                  backoff_initial=0.05, backoff_max=2.0, scheduler=None, io_priority=None):
         host, port = parse_address(address)
         io = placement.io_priority(io_priority)
+        self.io_priority = io
         _check_name("link", link)
         _check_name("job_id", job_id)
         _check_int("job_class", job_class, P.I32_MIN, P.I32_MAX)
