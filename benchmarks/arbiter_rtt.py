@@ -127,6 +127,13 @@ def _round_trips(send, reply, samples, warmup, interval, after=None, t0s=None):
     return rtts
 
 
+def _io_kw():
+    """The clients' ``io_priority`` from ``--io-priority`` (none given: nothing, so
+    a ``--tree`` from before the setting runs too)."""
+    v = os.environ.get(IO_PRIORITY_ENV)
+    return {"io_priority": v} if v else {}
+
+
 def _use_tree(tree):
     """Import horovod_prio from ``tree`` (``--tree``) in this process."""
     if tree:
@@ -139,8 +146,7 @@ def _job(idx, addr, samples, interval, warmup, q, start_evt, profile=False, tree
     from horovod_prio.arbiter.client import ArbiterClient
     on_grant = _Reply()
 
-    cl = ArbiterClient(addr, "link0", "job%d" % idx, SECRET, on_grant, timeout=0.5,
-                       io_priority=os.environ.get(IO_PRIORITY_ENV) or None)
+    cl = ArbiterClient(addr, "link0", "job%d" % idx, SECRET, on_grant, timeout=0.5, **_io_kw())
     probe = None
     if profile:
         from benchmarks.rtt_probe import ClientProbe
@@ -164,7 +170,7 @@ def _job(idx, addr, samples, interval, warmup, q, start_evt, profile=False, tree
         return
     c = cl.counters
     c["cpu_seconds"] = time.process_time() - cpu0
-    c["io_priority"] = cl.io_priority
+    c["io_priority"] = getattr(cl, "io_priority", None)
     cl.close()
     if probe is not None:
         recs = []
@@ -186,9 +192,10 @@ def _sched_job(kind, idx, addr, samples, interval, warmup, q, start_evt, profile
     s = Scheduler()
     s.configure(1 << 30, True)
     s.set_tracing(True)
+    io = _io_kw()
     cfg = PriorityConfig.from_env({}, arbiter=addr, link="link0", job_id="job%d" % idx,
                                   arbiter_secret=SECRET, arbiter_timeout=0.5, arbiter_client=kind,
-                                  arbiter_io_priority=os.environ.get(IO_PRIORITY_ENV) or None)
+                                  **({"arbiter_io_priority": io["io_priority"]} if io else {}))
     al = ArbiterLink.attach(s, cfg)
     deadline = time.monotonic() + 10
     while not al.client.connected and time.monotonic() < deadline:
@@ -231,7 +238,7 @@ def _sched_job(kind, idx, addr, samples, interval, warmup, q, start_evt, profile
         return
     c["cpu_seconds"] = cpu
     c["arbiter_client"] = "native" if al.native else "python"
-    c["io_priority"] = cfg.arbiter_io_priority
+    c["io_priority"] = getattr(cfg, "arbiter_io_priority", None)
     q.put((idx, rtts, c))
 
 
