@@ -188,12 +188,6 @@ def main(argv=None):
                         class_reserve=args.class_reserve,
                         handshake_timeout=args.handshake_timeout,
                         max_connections=args.max_connections, max_handshakes=args.max_handshakes)
-    try:
-        host, port = srv.start()
-    except OSError as e:
-        print("horovod-prio arbiter: cannot bind %s:%d: %s" % (addr[0], addr[1], e), file=sys.stderr)
-        return 1
-    print("horovod-prio arbiter listening on %s:%d" % (host, port), flush=True)
     done = []
     import threading
     ev = threading.Event()
@@ -202,8 +196,15 @@ def main(argv=None):
         done.append(signum)
         ev.set()
 
+    # before "listening" is printed: a SIGTERM right after it stops the arbiter cleanly
     signal.signal(signal.SIGTERM, _stop)
     signal.signal(signal.SIGINT, _stop)
+    try:
+        host, port = srv.start()
+    except OSError as e:
+        print("horovod-prio arbiter: cannot bind %s:%d: %s" % (addr[0], addr[1], e), file=sys.stderr)
+        return 1
+    print("horovod-prio arbiter listening on %s:%d" % (host, port), flush=True)
     while not ev.is_set() and srv.is_alive():
         ev.wait(0.5)
     srv.stop()
