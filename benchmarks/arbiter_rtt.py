@@ -89,6 +89,7 @@ if ROOT not in sys.path:
     sys.path.insert(0, ROOT)
 
 SECRET = "benchmark-secret"
+IO_PRIORITY_ENV = "HOROVOD_PRIO_ARBITER_IO_PRIORITY"    # --io-priority, read by the job processes
 
 
 class _Reply:
@@ -126,6 +127,13 @@ def _round_trips(send, reply, samples, warmup, interval, after=None, t0s=None):
     return rtts
 
 
+def _io_kw():
+    """The clients' ``io_priority`` from ``--io-priority`` (none given: nothing, so
+    a ``--tree`` from before the setting runs too)."""
+    v = os.environ.get(IO_PRIORITY_ENV)
+    return {"io_priority": v} if v else {}
+
+
 def _use_tree(tree):
     """Import horovod_prio from ``tree`` (``--tree``) in this process."""
     if tree:
@@ -138,7 +146,7 @@ def _job(idx, addr, samples, interval, warmup, q, start_evt, profile=False, tree
     from horovod_prio.arbiter.client import ArbiterClient
     on_grant = _Reply()
 
-    cl = ArbiterClient(addr, "link0", "job%d" % idx, SECRET, on_grant, timeout=0.5)
+    cl = ArbiterClient(addr, "link0", "job%d" % idx, SECRET, on_grant, timeout=0.5, **_io_kw())
     probe = None
     if profile:
         from benchmarks.rtt_probe import ClientProbe
@@ -162,6 +170,7 @@ def _job(idx, addr, samples, interval, warmup, q, start_evt, profile=False, tree
         return
     c = cl.counters
     c["cpu_seconds"] = time.process_time() - cpu0
+    c["io_priority"] = getattr(cl, "io_priority", None)
     cl.close()
     if probe is not None:
         recs = []
@@ -183,8 +192,10 @@ def _sched_job(kind, idx, addr, samples, interval, warmup, q, start_evt, profile
     s = Scheduler()
     s.configure(1 << 30, True)
     s.set_tracing(True)
+    io = _io_kw()
     cfg = PriorityConfig.from_env({}, arbiter=addr, link="link0", job_id="job%d" % idx,
-                                  arbiter_secret=SECRET, arbiter_timeout=0.5, arbiter_client=kind)
+                                  arbiter_secret=SECRET, arbiter_timeout=0.5, arbiter_client=kind,
+                                  **({"arbiter_io_priority": io["io_priority"]} if io else {}))
     al = ArbiterLink.attach(s, cfg)
     deadline = time.monotonic() + 10
     while not al.client.connected and time.monotonic() < deadline:
@@ -227,6 +238,7 @@ def _sched_job(kind, idx, addr, samples, interval, warmup, q, start_evt, profile
         return
     c["cpu_seconds"] = cpu
     c["arbiter_client"] = "native" if al.native else "python"
+    c["io_priority"] = getattr(cfg, "arbiter_io_priority", None)
     q.put((idx, rtts, c))
 
 
@@ -466,7 +478,7 @@ class _Server:
                 cmd = [sys.executable, "-c", "import sys; sys.path.insert(0, %r); "
                        "from horovod_prio.cli import main; sys.exit(main())" % tree,
                        "arbiter", "--bind", "127.0.0.1:0", "--credit-bytes", "1GiB",
-                       "--log-level", "WARNING"]
+                       "--log-level", "WARNING"] + args.arbiter_args.split()
             self._popen(args.arbiter_prefix.split() + cmd, env, r"listening on ([\d.]+):(\d+)")
         elif self.kind in ("native", "native-echo"):
             exe, self.hmac = build_native(exe=args.native_exe)
@@ -704,6 +716,9 @@ def run(args):
     kinds = sorted({c["arbiter_client"] for c in counters.values() if "arbiter_client" in c})
     if kinds:                                   # --client sched-*: the client the jobs ran
         extra["arbiter_client"] = kinds
+    # what the jobs' clients were given (None: default priority)
+    extra["jobs_io_priority"] = sorted({"%s=%d" % c["io_priority"] if c.get("io_priority")
+                                        else None for c in counters.values()}, key=str)
     for c in counters.values():
         c.pop("rtts", None)
     extra.update({
@@ -711,6 +726,8 @@ def run(args):
         "host": host_load(h0, h1, (srv_cpu or 0.0) + client_cpu if client_cpu is not None else None),
         "fallback_grants": sum(c.get("fallback_grants", 0) for c in counters.values()),
         "arbiter_prefix": args.arbiter_prefix,
+        "arbiter_args": args.arbiter_args,
+        "io_priority": args.io_priority,
         "tree": args.tree,
         # CPU per round trip (request + grant + complete), from the start signal on:
         # load-independent cost
@@ -782,6 +799,12 @@ def parse_args(argv=None):
     ap.add_argument("--arbiter-prefix", default="", metavar="CMD",
                     help="prefix for the arbiter's command line, e.g. 'chrt -f 10' or 'nice -n -10' "
                          "(scheduling priority of the arbiter on a shared box)")
+    ap.add_argument("--arbiter-args", default="", metavar="ARGS",
+                    help="more options for the Python arbiter (horovod-prio arbiter), e.g. "
+                         "'--priority realtime --cpu 1': the product's own placement knobs")
+    ap.add_argument("--io-priority", metavar="P",
+                    help="the jobs' arbiter client I/O thread priority (HOROVOD_PRIO_ARBITER_"
+                         "IO_PRIORITY: realtime[=N] or nice=N); Python and sched-* jobs")
     ap.add_argument("--server", choices=SERVERS, default="python",
                     help="python: the arbiter (horovod-prio arbiter); native: C epoll loop, same "
                          "protocol incl. HMAC, grants at once; echo: bare Python selectors echo; "
@@ -830,6 +853,17 @@ def parse_args(argv=None):
                                        or args.profile):
         ap.error("--client %s (the scheduler's path) needs --server python or native, and "
                  "takes no --ab-tree or --profile" % args.client)
+    if args.io_priority is not None:
+        from horovod_prio.method import units
+        try:
+            units.parse_sched_priority(args.io_priority)
+        except units.BadValue as e:
+            ap.error("--io-priority: %s" % e)
+        if args.client.startswith("native") or args.server not in _ARBITER_PROTO:
+            ap.error("--io-priority sets the arbiter clients' I/O thread: --client python or "
+                     "sched-*, --server python or native")
+    if args.arbiter_args and (args.server != "python" or args.profile):
+        ap.error("--arbiter-args are options of the Python arbiter: --server python, no --profile")
     if args.profile and (args.client != "python" or args.server not in _ARBITER_PROTO):
         ap.error("--profile times the Python ArbiterClient: --client python with --server "
                  "python or native")
@@ -851,6 +885,8 @@ def main(argv=None):
     args = parse_args(argv)
     if args.grant_rate:
         return _grant_rate_main(args)
+    if args.io_priority is not None:
+        os.environ[IO_PRIORITY_ENV] = args.io_priority      # the spawned jobs inherit it
     return run(args)
 
 

@@ -134,13 +134,15 @@ class ServerProbe:
         from horovod_prio.arbiter import server as S
         from horovod_prio.arbiter import transport as T
         probe = self
-        orig_select = srv.sel.select
+        # the loop's poll (a checkout from before the epoll loop: its selector's select)
+        owner, name = (srv, "_poll") if hasattr(srv, "_poll") else (srv.sel, "select")
+        orig_poll = getattr(owner, name)
 
-        def select(timeout=None):
-            r = orig_select(timeout)
+        def poll(timeout=None):
+            r = orig_poll(timeout)
             probe._wake = _now()
             return r
-        srv.sel.select = select
+        setattr(owner, name, poll)
         orig_on_readable = S._Conn.on_readable
         orig_read, orig_write = T.Transport.read, T.Transport.write
         orig_seal, orig_open = P.Session.seal, P.Session.open

@@ -6,6 +6,7 @@
                          [--class-reserve F]
                          [--handshake-timeout S] [--max-connections N]
                          [--max-handshakes N] [--log-level LEVEL]
+                         [--cpu LIST] [--priority realtime[=N]|nice=N]
     horovod-prio arbiter --stats HOST:PORT [--secret-file F]
 
 The secret comes from ``--secret-file`` (whole file, surrounding whitespace
@@ -13,6 +14,10 @@ stripped) or else the environment variable ``HOROVOD_PRIO_ARBITER_SECRET``.
 Byte sizes, counts and seconds are read by :mod:`horovod_prio.method.units`,
 the parsers of the ``HOROVOD_PRIO_*`` variables (``16MiB``, ``1.5MiB``,
 ``1MB`` = 10^6 bytes; a bad value exits 2 naming the option and the rule).
+
+``--cpu`` and ``--priority`` place the service on the machine (its loop
+thread inherits both): they are applied before it binds, and a placement the
+operating system refuses exits 1 naming the option and what would permit it.
 """
 import argparse
 import json
@@ -23,8 +28,10 @@ import sys
 
 from horovod_prio.method import units
 
+from . import placement
 from . import protocol as P
 from .core import Arbiter
+from .placement import PlacementError  # noqa: F401 (the CLI's error, re-exported)
 
 SECRET_ENV = "HOROVOD_PRIO_ARBITER_SECRET"
 
@@ -40,6 +47,44 @@ def _link_credit(text):
     if not sep or not name:
         raise argparse.ArgumentTypeError("expected LINK=BYTES, got %r" % text)
     return name, _bytes(val)
+
+
+def parse_cpus(text):
+    """``--cpu``: ``"3"``, ``"0,2"``, ``"0-3"`` (or a mix) -> frozenset of CPU numbers."""
+    out = set()
+    for part in str(text).split(","):
+        lo, sep, hi = part.strip().partition("-")
+        try:
+            lo = int(lo)
+            hi = int(hi) if sep else lo
+        except ValueError:
+            raise argparse.ArgumentTypeError(
+                "expected CPU numbers such as 3, 0,2 or 0-3, got %r" % text) from None
+        if lo < 0 or hi < lo:
+            raise argparse.ArgumentTypeError(
+                "expected CPU numbers >= 0 and ranges LOW-HIGH with LOW <= HIGH, got %r" % text)
+        out.update(range(lo, hi + 1))
+    return frozenset(out)
+
+
+REALTIME_DEFAULT = units.REALTIME_DEFAULT
+# ``--priority``: ``realtime`` (SCHED_FIFO at priority 10), ``realtime=N`` (N in
+# 1..99) or ``nice=N`` (N in -20..19) -> ``(kind, N)``
+parse_priority = units.arg(units.parse_sched_priority)
+
+
+def apply_placement(cpus=None, priority=None):
+    """Pin the calling thread to ``cpus`` and give it ``priority`` (from
+    :func:`parse_cpus` / :func:`parse_priority`); threads it starts later
+    inherit both. Returns what was applied, as a sentence; raises
+    :class:`PlacementError` when the system refuses."""
+    done = []
+    if cpus:
+        done.append(placement.apply_cpus(cpus, "--cpu %s" % placement.cpu_list(cpus)))
+    if priority is not None:
+        done.append(placement.apply_priority(priority,
+                                             "--priority %s" % placement.spelled(priority)))
+    return "; ".join(done)
 
 
 def build_parser():
@@ -76,6 +121,14 @@ def build_parser():
                    help="authenticated connections (jobs, --stats) at most (default 1024)")
     p.add_argument("--max-handshakes", type=_positive_count, default=64, metavar="N",
                    help="connections still in the handshake at most (default 64)")
+    p.add_argument("--cpu", type=parse_cpus, metavar="LIST",
+                   help="pin the arbiter to these CPUs (e.g. 3, 2,3 or 2-3); best a CPU the "
+                        "jobs' busy threads do not use")
+    p.add_argument("--priority", type=parse_priority, metavar="realtime[=N]|nice=N",
+                   help="scheduling priority of the arbiter: realtime = SCHED_FIFO (priority N, "
+                        "1..99, default %d; needs root or CAP_SYS_NICE), nice=N (-20..19; below "
+                        "the current value needs the same). A busy machine then wakes the "
+                        "arbiter first; default: unchanged" % REALTIME_DEFAULT)
     p.add_argument("--timeout", type=_seconds, default=2.0, help="--stats: seconds to wait (default 2)")
     p.add_argument("--log-level", default="INFO",
                    choices=["DEBUG", "INFO", "WARNING", "ERROR", "debug", "info", "warning", "error"])
@@ -120,6 +173,14 @@ def main(argv=None):
         print(json.dumps(stats, indent=2, sort_keys=True))
         return 0
 
+    if args.cpu or args.priority:
+        try:
+            placed = apply_placement(args.cpu, args.priority)   # the loop thread inherits it
+        except PlacementError as e:
+            print("horovod-prio arbiter: %s" % e, file=sys.stderr)
+            return 1
+        logging.getLogger("horovod_prio.arbiter").info("arbiter: %s", placed)
+
     from .server import ArbiterServer
     srv = ArbiterServer(addr[0], addr[1], secret, credit_bytes=args.credit_bytes,
                         lease_seconds=args.lease_seconds, starvation_bound=args.starvation_bound,
@@ -127,12 +188,6 @@ def main(argv=None):
                         class_reserve=args.class_reserve,
                         handshake_timeout=args.handshake_timeout,
                         max_connections=args.max_connections, max_handshakes=args.max_handshakes)
-    try:
-        host, port = srv.start()
-    except OSError as e:
-        print("horovod-prio arbiter: cannot bind %s:%d: %s" % (addr[0], addr[1], e), file=sys.stderr)
-        return 1
-    print("horovod-prio arbiter listening on %s:%d" % (host, port), flush=True)
     done = []
     import threading
     ev = threading.Event()
@@ -141,8 +196,15 @@ def main(argv=None):
         done.append(signum)
         ev.set()
 
+    # before "listening" is printed: a SIGTERM right after it stops the arbiter cleanly
     signal.signal(signal.SIGTERM, _stop)
     signal.signal(signal.SIGINT, _stop)
+    try:
+        host, port = srv.start()
+    except OSError as e:
+        print("horovod-prio arbiter: cannot bind %s:%d: %s" % (addr[0], addr[1], e), file=sys.stderr)
+        return 1
+    print("horovod-prio arbiter listening on %s:%d" % (host, port), flush=True)
     while not ev.is_set() and srv.is_alive():
         ev.wait(0.5)
     srv.stop()

@@ -48,6 +48,11 @@ closes the connection first, so no GRANT of an old session can arrive after a
 local grant, and a GRANT for anything not waiting is ignored (with a warning
 when the key was never requested: not pending and not among the last
 ``_RECENT_KEYS`` finished ones, whose late grants are expected).
+
+``io_priority`` (``HOROVOD_PRIO_ARBITER_IO_PRIORITY``: ``realtime[=N]`` or
+``nice=N``) is applied by the I/O thread to itself when it starts, so a grant
+wakes it ahead of the job's busy threads; a refusal (no CAP_SYS_NICE) is one
+warning and the thread runs on at its default priority.
 """
 import collections
 import logging
@@ -57,6 +62,7 @@ import socket
 import threading
 import time
 
+from . import placement
 from . import protocol as P
 from .stats import fetch_stats  # noqa: F401 (re-exported)
 from .transport import Transport, parse_address, tcp_socket
@@ -101,8 +107,9 @@ class ArbiterClient:
 
     def __init__(self, address, link, job_id, secret, on_grant, timeout=0.05, *, job_class=0,
                  max_wait=10.0, idle_heartbeat=1.0, handshake_timeout=None,
-                 backoff_initial=0.05, backoff_max=2.0):
+                 backoff_initial=0.05, backoff_max=2.0, io_priority=None):
         self._addr = parse_address(address)
+        self.io_priority = placement.io_priority(io_priority)
         _check_name("link", link)
         _check_name("job_id", job_id)
         _check_int("job_class", job_class, P.I32_MIN, P.I32_MAX)
@@ -316,6 +323,8 @@ class ArbiterClient:
 
     # ================================================================ I/O thread
     def _run(self):
+        if self.io_priority is not None:
+            placement.apply_io_priority(self.io_priority, self.job_id, log)
         try:
             while self._loop_once():
                 pass
@@ -677,6 +686,7 @@ def client_from_config(cfg, on_grant, client_cls=None, **kwargs):
     job_id = getattr(cfg, "job_id", None) or "%s-%d" % (socket.gethostname(), os.getpid())
     timeout = getattr(cfg, "arbiter_timeout", None) or 0.05
     kwargs.setdefault("job_class", getattr(cfg, "job_priority", None) or 0)
+    kwargs.setdefault("io_priority", getattr(cfg, "arbiter_io_priority", None))
     return (client_cls or ArbiterClient)(address, link, job_id, secret, on_grant, timeout=timeout,
                                          **kwargs)
 

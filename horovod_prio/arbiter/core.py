@@ -89,7 +89,9 @@ connected ones; oldest departure forgotten first), and at most
 ``max_idle_links`` links without any job are kept (so their counters stay
 readable after a run); older idle links are forgotten (``pruned_links``).
 
-Cost per grant is O(log n) in the pending requests of the link:
+Cost per grant is O(log n) in the pending requests of the link (a request
+that arrives while nothing waits on its link and fits is granted without
+entering any queue: the common case of a link with headroom):
 
 * "chunk": one heap of (class, priority, arrival);
 * "burst": per job a heap of its pending requests (priority, arrival) and per
@@ -367,6 +369,12 @@ class Arbiter:
                 job.burst_priority = priority
                 rekey = True
         job.reqs[token] = r
+        if not ln.npending and self._fits(ln, job.job_class, nbytes):
+            # nothing waits on the link and it fits: granted now, as _schedule would
+            # (its lane would be created and dropped in this call; no heap entry needed)
+            self._grant(ln, r, now, False)
+            ln.c["immediate_grants"] += 1
+            return [r]
         job.npending += 1
         ln.npending += 1
         lane = ln.lanes.get(job.job_class)
@@ -502,45 +510,59 @@ class Arbiter:
                        key=lambda r: (-r.priority, r.seq))
         return _lazy_top(job.heap, _pending_request, job.npending)[-1]
 
+    @staticmethod
+    def _fits(ln, cls, nbytes):
+        """Whether a request of class ``cls`` for ``nbytes`` may be granted on the
+        link now: the credit, strict classes on the link, the class reserve."""
+        if ln.outstanding_bytes and ln.outstanding_bytes + nbytes > ln.credit:
+            return False
+        if ln.class_grants and cls < max(ln.class_grants):
+            return False                        # a higher class holds a grant: strict on the link
+        if cls < ln.top and ln.low_cap < ln.credit:     # the class reserve
+            low = sum(b for c, b in ln.class_bytes.items() if c < ln.top)
+            if low and low + nbytes > ln.low_cap:
+                return False
+        return True
+
     def _schedule(self, ln, now):
         out = []
         K = self.starvation_bound
         while ln.npending:
             r, starved = self._pick(ln)
-            if ln.outstanding_bytes and ln.outstanding_bytes + r.nbytes > ln.credit:
-                break
             job = r.job
             cls = job.job_class
-            if ln.class_grants and cls < max(ln.class_grants):
-                break                           # a higher class holds a grant: strict on the link
-            if cls < ln.top and ln.low_cap < ln.credit:     # the class reserve
-                low = sum(b for c, b in ln.class_bytes.items() if c < ln.top)
-                if low and low + r.nbytes > ln.low_cap:
-                    break
+            if not self._fits(ln, cls, r.nbytes):
+                break
             lane = ln.lanes[cls]
             lane.grants += 1                    # every other waiting job of the class is passed over
             self._unlink(ln, r)
             if K and job.npending:              # its count starts again
                 self._mark_served(lane, job)
-            r.state = GRANTED
-            r.deadline = now + self.lease_seconds
-            self._leases[r] = None
-            ln.outstanding_bytes += r.nbytes
-            ln.class_bytes[cls] = ln.class_bytes.get(cls, 0) + r.nbytes
-            ln.class_grants[cls] = ln.class_grants.get(cls, 0) + 1
-            ln.outstanding += 1
-            c = ln.c
-            c["grants"] += 1
-            if starved:
-                c["starvation_grants"] += 1
-            w = now - r.t_arrival
-            c["wait_seconds_total"] += w
-            if w > c["wait_seconds_max"]:
-                c["wait_seconds_max"] = w
-            r.job.grants += 1
-            ln.per_job[r.job.job_id] = ln.per_job.get(r.job.job_id, 0) + 1
+            self._grant(ln, r, now, starved)
             out.append(r)
         return out
+
+    def _grant(self, ln, r, now, starved):
+        """Grant request ``r`` (taken off its queue already, or never queued):
+        onto the link, its lease started, counted."""
+        cls = r.job.job_class
+        r.state = GRANTED
+        r.deadline = now + self.lease_seconds
+        self._leases[r] = None
+        ln.outstanding_bytes += r.nbytes
+        ln.class_bytes[cls] = ln.class_bytes.get(cls, 0) + r.nbytes
+        ln.class_grants[cls] = ln.class_grants.get(cls, 0) + 1
+        ln.outstanding += 1
+        c = ln.c
+        c["grants"] += 1
+        if starved:
+            c["starvation_grants"] += 1
+        w = now - r.t_arrival
+        c["wait_seconds_total"] += w
+        if w > c["wait_seconds_max"]:
+            c["wait_seconds_max"] = w
+        r.job.grants += 1
+        ln.per_job[r.job.job_id] = ln.per_job.get(r.job.job_id, 0) + 1
 
     def stats(self):
         return {name: ln.stats() for name, ln in sorted(self.links.items())}

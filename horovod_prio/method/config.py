@@ -303,6 +303,13 @@ class PriorityConfig:
         "which client talks to the arbiter: `native` (C++ in the scheduler library: requests "
         "sent and grants released without Python) or `python` (`arbiter/client.py`, the "
         "reference) ([arbiter.md](arbiter.md#the-job-side-client))", process=True)
+    arbiter_io_priority: Optional[tuple] = _knob(
+        None, _unit(units.parse_sched_priority),
+        "scheduling priority of the arbiter client's I/O thread, which receives the grants: "
+        "`realtime` (SCHED_FIFO 10), `realtime=N` (1..99) or `nice=N` (-20..19); refused by "
+        "the system (no CAP_SYS_NICE): one warning, default priority "
+        "([arbiter.md](arbiter.md#placement---cpu-and---priority))", process=True,
+        shown="unset")
     overlap: Optional[bool] = _knob(
         None, _unit(units.parse_bool),
         "barrier crossing: unset = as `hvd.overlap(...)` says, `0` = `hvd.overlap` is a "

@@ -38,7 +38,7 @@ from fractions import Fraction
 
 __all__ = ["BadValue", "parse_bytes", "parse_int", "parse_float", "parse_bool", "check", "arg",
            "bytes_rule", "parse_rate_bits_per_s", "parse_rate_bytes_per_s", "parse_duration_s",
-           "parse_burst_bytes", "parse_class_reserve"]
+           "parse_burst_bytes", "parse_class_reserve", "parse_sched_priority"]
 
 
 class BadValue(ValueError):
@@ -216,6 +216,28 @@ def parse_class_reserve(value) -> float:
     if isinstance(value, bool) or not 0 <= v < 1:
         raise BadValue(rule, value)
     return v
+
+
+REALTIME_DEFAULT = 10
+
+
+def parse_sched_priority(value):
+    """A thread's scheduling priority (the arbiter's ``--priority``, its
+    clients' I/O thread): ``realtime`` (SCHED_FIFO at priority 10),
+    ``realtime=N`` (N in 1..99) or ``nice=N`` (N in -20..19) -> ``(kind, N)``."""
+    rule = "realtime, realtime=N (N in 1..99) or nice=N (N in -20..19)"
+    kind, sep, val = (value.strip() if isinstance(value, str) else "").partition("=")
+    if kind == "realtime" and not sep:
+        return "realtime", REALTIME_DEFAULT
+    if kind not in ("realtime", "nice") or not sep:
+        raise BadValue(rule, value)
+    try:
+        n = int(val)
+    except ValueError:
+        raise BadValue(rule, value) from None
+    if not (1 <= n <= 99 if kind == "realtime" else -20 <= n <= 19):
+        raise BadValue(rule, value)
+    return kind, n
 
 
 def check(what: str, parser, value, *args, **kwargs):

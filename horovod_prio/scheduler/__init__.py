@@ -113,7 +113,7 @@ def _load():
             "hvdprio_arbiter_new": (h, [ctypes.c_char_p, c_int, ctypes.c_char_p, ctypes.c_char_p,
                                         ctypes.c_char_p, i64, ctypes.c_int32,
                                         ctypes.POINTER(ctypes.c_double), c_int, h,
-                                        _GRANT_CB, _LOG_CB]),
+                                        _GRANT_CB, _LOG_CB, c_int, c_int]),
             "hvdprio_arbiter_request": (c_int, [h, u64, i64, u64, ctypes.c_char_p, i64, u64]),
             "hvdprio_arbiter_complete": (c_int, [h, u64]),
             "hvdprio_arbiter_cancel": (c_int, [h, u64]),

@@ -7,6 +7,8 @@
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <poll.h>
+#include <sched.h>
+#include <sys/resource.h>
 #include <sys/random.h>
 #include <sys/socket.h>
 #include <unistd.h>
@@ -451,10 +453,50 @@ void ArbiterClient::TRead(std::vector<std::string>* bodies) {
 
 // ================================================================ I/O thread
 
+void ArbiterClient::ApplyIoPriority() {
+  // As horovod_prio/arbiter/placement.py's apply_io_priority, message for message.
+  const bool rt = opt_.io_policy == kIoRealtime;
+  const int n = opt_.io_value;
+  const std::string what =
+      Fmt("HOROVOD_PRIO_ARBITER_IO_PRIORITY=%s=%d", rt ? "realtime" : "nice", n);
+  int rc;
+  if (rt) {
+    sched_param sp{};
+    sp.sched_priority = n;
+    rc = sched_setscheduler(0, SCHED_FIFO, &sp);   // 0: the calling thread (Linux)
+  } else {
+    rc = setpriority(PRIO_PROCESS, 0, n);           // per thread on Linux
+  }
+  const int e = errno;
+  std::lock_guard<std::mutex> lk(mu_);
+  if (rc == 0) {
+    Log(kInfo, Fmt("arbiter client %s: I/O thread %s", opt_.job_id.c_str(),
+                   rt ? Fmt("scheduled SCHED_FIFO at priority %d", n).c_str()
+                      : Fmt("at nice %d", n).c_str()));
+    return;
+  }
+  std::string why;
+  if (e == EPERM || e == EACCES) {
+    why = rt ? Fmt("not permitted: SCHED_FIFO needs root, CAP_SYS_NICE or an RLIMIT_RTPRIO of at "
+                   "least %d (systemd: AmbientCapabilities=CAP_SYS_NICE or LimitRTPRIO=%d; "
+                   "docker: --cap-add SYS_NICE)", n, n)
+             : Fmt("not permitted: a nice value below the current one needs root, CAP_SYS_NICE "
+                   "or RLIMIT_NICE (systemd: Nice=%d or AmbientCapabilities=CAP_SYS_NICE)", n);
+  } else {
+    why = Fmt("%s: %s", rt ? "cannot set SCHED_FIFO" : "cannot set it", std::strerror(e));
+  }
+  Log(kWarning, Fmt("arbiter client %s: %s: %s; its I/O thread keeps the default priority",
+                    opt_.job_id.c_str(), what.c_str(), why.c_str()));
+}
+
 void ArbiterClient::Run() {
   {
     std::lock_guard<std::mutex> lk(mu_);
     io_id_ = std::this_thread::get_id();
+  }
+  if (opt_.io_policy != kIoDefault) {
+    ApplyIoPriority();
+    FlushLogs();
   }
   while (LoopOnce()) {
   }

@@ -62,7 +62,12 @@ class ArbiterClient : public std::enable_shared_from_this<ArbiterClient> {
     double handshake_timeout = -1;  // < 0: max(1, 4 * timeout)
     double backoff_initial = 0.05;
     double backoff_max = 2.0;
+    // The I/O thread's own scheduling priority (HOROVOD_PRIO_ARBITER_IO_PRIORITY),
+    // applied when it starts; a refusal is one warning.
+    int io_policy = kIoDefault;     // kIoDefault, kIoRealtime (SCHED_FIFO io_value), kIoNice
+    int io_value = 0;
   };
+  enum IoPolicy { kIoDefault = 0, kIoRealtime = 1, kIoNice = 2 };
 
   using GrantSink = std::function<void(uint64_t key)>;
   using LogSink = std::function<void(int level, const std::string& msg)>;
@@ -174,6 +179,7 @@ class ArbiterClient : public std::enable_shared_from_this<ArbiterClient> {
   void Forget(ReqPtr r, uint8_t kind);  // by value: it erases the map entry
   // --- I/O thread
   void Run();
+  void ApplyIoPriority();
   bool LoopOnce();
   void Deliver(std::vector<ReqPtr>* due);
   double Timers(double now);

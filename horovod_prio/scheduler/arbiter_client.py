@@ -21,12 +21,15 @@ import ctypes
 import logging
 import weakref
 
+from horovod_prio.arbiter import placement
 from horovod_prio.arbiter import protocol as P
 from horovod_prio.arbiter.transport import parse_address
 
 from . import _GRANT_CB, _LOG_CB, _STEPS_CB, _load, _lock, _thunks
 
 __all__ = ["NativeArbiterClient", "hmac_sha256", "STATES"]
+
+_IO_POLICY = {"realtime": 1, "nice": 2}     # ArbiterClient::IoPolicy (arbiter_client.h)
 
 log = logging.getLogger("horovod_prio.arbiter")
 
@@ -83,8 +86,10 @@ class NativeArbiterClient:
 
     def __init__(self, address, link, job_id, secret, on_grant=None, timeout=0.05, *,
                  job_class=0, max_wait=10.0, idle_heartbeat=1.0, handshake_timeout=None,
-                 backoff_initial=0.05, backoff_max=2.0, scheduler=None):
+                 backoff_initial=0.05, backoff_max=2.0, scheduler=None, io_priority=None):
         host, port = parse_address(address)
+        io = placement.io_priority(io_priority)
+        self.io_priority = io
         _check_name("link", link)
         _check_name("job_id", job_id)
         _check_int("job_class", job_class, P.I32_MIN, P.I32_MAX)
@@ -119,7 +124,8 @@ class NativeArbiterClient:
             float(backoff_initial), float(backoff_max))
         self._h = self._lib.hvdprio_arbiter_new(
             host.encode(), port, link.encode(), job_id.encode(), secret, len(secret), job_class,
-            timing, 6, scheduler._h if scheduler is not None else None, grant, _LOG_THUNK)
+            timing, 6, scheduler._h if scheduler is not None else None, grant, _LOG_THUNK,
+            _IO_POLICY[io[0]] if io else 0, io[1] if io else 0)
         if not self._h:
             raise ValueError("native arbiter client rejected its settings (address %r, timing %r)"
                              % (address, list(timing)))

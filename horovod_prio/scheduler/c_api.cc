@@ -260,7 +260,7 @@ hvdprio_arbiter* hvdprio_arbiter_new(const char* host, int port, const char* lin
                                      int64_t secret_len, int32_t job_class,
                                      const double* timing, int n_timing,
                                      hvdprio_scheduler* sched, hvdprio_grant_cb grant,
-                                     hvdprio_log_cb log) {
+                                     hvdprio_log_cb log, int io_policy, int io_value) {
   using horovod_prio::ArbiterClient;
   if (host == nullptr || link == nullptr || job_id == nullptr || secret == nullptr ||
       secret_len <= 0 || port <= 0 || port > 65535 || timing == nullptr || n_timing != 6 ||
@@ -281,6 +281,13 @@ hvdprio_arbiter* hvdprio_arbiter_new(const char* host, int port, const char* lin
   o.backoff_initial = timing[4];
   o.backoff_max = timing[5];
   if (!(o.timeout > 0) || !(o.max_wait > 0)) return nullptr;
+  if (io_policy == ArbiterClient::kIoRealtime ? !(io_value >= 1 && io_value <= 99)
+      : io_policy == ArbiterClient::kIoNice   ? !(io_value >= -20 && io_value <= 19)
+                                              : io_policy != ArbiterClient::kIoDefault) {
+    return nullptr;
+  }
+  o.io_policy = io_policy;
+  o.io_value = io_value;
   ArbiterClient::GrantSink gs;
   if (grant != nullptr) gs = [grant](uint64_t k) { grant(k); };
   ArbiterClient::LogSink ls;

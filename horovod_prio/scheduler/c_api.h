@@ -103,7 +103,7 @@ hvdprio_arbiter* hvdprio_arbiter_new(const char* host, int port, const char* lin
                                      int64_t secret_len, int32_t job_class,
                                      const double* timing, int n_timing,
                                      hvdprio_scheduler* sched, hvdprio_grant_cb grant,
-                                     hvdprio_log_cb log);
+                                     hvdprio_log_cb log, int io_policy, int io_value);
 // 0 sent/queued; 1 closed; 2 key already pending or granted; 3 label > 256 bytes.
 int hvdprio_arbiter_request(hvdprio_arbiter* a, uint64_t key, int64_t priority,
                             uint64_t nbytes, const char* label, int64_t label_len,

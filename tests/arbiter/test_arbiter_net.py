@@ -1467,3 +1467,22 @@ def test_cancel_during_its_on_grant_returns_after_it(server_factory, client_fact
     t.join(5)
     assert seen["late"] is False and "slow-completes" in calls
     assert c.counters["outstanding"] == 0 and c.counters["cancels"] == 2
+
+
+# ------------------------------------------------------------------ the poller without epoll
+@pytest.mark.parametrize("scenario", [
+    test_grant_order_across_jobs, test_disconnect_frees_grants_and_pending, test_stats_request,
+    test_forged_and_replayed_frames_rejected, test_malformed_input_fuzz_server_survives,
+], ids=lambda f: f.__name__[5:])
+def test_selectors_stand_in_serves_as_epoll_does(monkeypatch, server_factory,
+                                                 python_client_factory, scenario):
+    """Where the OS has no epoll the loop runs on the selectors stand-in: the
+    same scenarios pass on it."""
+    from horovod_prio.arbiter import server as server_mod
+    monkeypatch.setattr(server_mod, "_new_poller", server_mod._SelectorsPoller)
+
+    def make(*a, **kw):
+        srv = server_factory(*a, **kw)
+        assert type(srv.poller) is server_mod._SelectorsPoller
+        return srv
+    scenario(make, python_client_factory)

@@ -39,6 +39,10 @@ def test_baseline_and_grpc_are_server_aliases():
     ["--ab-tree", ".", "--profile"],
     ["--ab-tree", ".", "--jobs", "1"],
     ["--ab-tree", ".", "--server", "echo"],
+    ["--arbiter-args", "--priority realtime", "--server", "native"],
+    ["--arbiter-args", "--priority realtime", "--profile"],
+    ["--io-priority", "fifo"],
+    ["--io-priority", "nice=1", "--client", "native"],
 ])
 def test_bad_arguments_exit_2(argv, capsys):
     with pytest.raises(SystemExit) as e:
@@ -391,3 +395,23 @@ def test_client_delivers_a_grant_in_the_turn_that_read_it():
     finally:
         cl.close()
         srv.stop()
+
+
+def test_arbiter_args_reach_the_python_arbiter(capsys):
+    # a value the arbiter's CLI refuses: the arbiter exits instead of listening
+    with pytest.raises(SystemExit, match="server did not start"):
+        _run(capsys, ["--jobs", "1", "--arbiter-args", "--priority nice=99"])
+    rc, res = _run(capsys, ["--jobs", "1", "--arbiter-args", "--priority nice=1"])
+    assert rc == 0 and res["samples"] == 30 and res["arbiter_args"] == "--priority nice=1"
+
+
+def test_io_priority_reaches_the_jobs_clients(capsys, monkeypatch):
+    monkeypatch.delenv(ar.IO_PRIORITY_ENV, raising=False)
+    nice = "nice=%d" % min(ar.os.getpriority(ar.os.PRIO_PROCESS, 0) + 1, 19)
+    for client in ("python", "sched-native"):
+        rc, res = _run(capsys, ["--jobs", "2", "--client", client, "--io-priority", nice])
+        assert rc == 0 and res["samples"] == 60, res["errors"]
+        assert res["io_priority"] == nice and res["jobs_io_priority"] == [nice], res
+        monkeypatch.delenv(ar.IO_PRIORITY_ENV)
+    rc, res = _run(capsys, ["--jobs", "1"])
+    assert res["jobs_io_priority"] == [None]
