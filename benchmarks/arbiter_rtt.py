@@ -885,9 +885,17 @@ def main(argv=None):
     args = parse_args(argv)
     if args.grant_rate:
         return _grant_rate_main(args)
-    if args.io_priority is not None:
-        os.environ[IO_PRIORITY_ENV] = args.io_priority      # the spawned jobs inherit it
-    return run(args)
+    if args.io_priority is None:
+        return run(args)
+    before = os.environ.get(IO_PRIORITY_ENV)
+    os.environ[IO_PRIORITY_ENV] = args.io_priority          # the spawned jobs inherit it
+    try:
+        return run(args)
+    finally:                     # the caller's environment as it was (a test runs main in-process)
+        if before is None:
+            os.environ.pop(IO_PRIORITY_ENV, None)
+        else:
+            os.environ[IO_PRIORITY_ENV] = before
 
 
 if __name__ == "__main__":
