@@ -103,18 +103,12 @@ def worker(a):
     trainer = HeterTrainer(model, tf.keras.losses.BinaryCrossentropy(from_logits=True), opt,
                            roles, plan=plan)
     first_dense = trainer.role == "dense" and hvd.rank() == roles.ranks["dense"][0]
-    losses = []
-    data = batches(a)
-    cur = next(data)
-    for step in range(1, a.steps + 1):
-        nxt = next(data, None)          # looking one batch ahead saves the step an exchange
-        loss = trainer.step(*cur, next_inputs=None if nxt is None else nxt[0])
-        cur = nxt
-        if first_dense:
-            losses.append(loss)
-            if step == 1 or step % 10 == 0 or step == a.steps:
-                print("step %3d  loss %.4f (dense trainer, rank %d)" % (step, loss, hvd.rank()),
-                      flush=True)
+    results = trainer.fit(batches(a))       # a step per batch, each looking one batch ahead
+    losses = results if first_dense else []
+    for step, loss in enumerate(losses, 1):
+        if step == 1 or step % 10 == 0 or step == a.steps:
+            print("step %3d  loss %.4f (dense trainer, rank %d)" % (step, loss, hvd.rank()),
+                  flush=True)
     if trainer.role == "ps":
         rows = sum(int(v.shape[0]) for v in trainer.shard.tables.values())
         print("rank %d (ps shard %d): %d table rows, step %d"

@@ -284,8 +284,9 @@ class Shard:
         gradients in their order here, which is what :meth:`apply_local` gets
         from a stable sort by table: the same update, bit for bit."""
         import tensorflow as tf
+        dtype = next(iter(self.tables.values())).dtype
         self._keys_fns()[1](tf.constant(table_of, tf.int32), tf.constant(local, tf.int64),
-                            tf.convert_to_tensor(values, self.tables[next(iter(self.tables))].dtype))
+                            tf.convert_to_tensor(values, dtype))
         self.step.assign_add(1)
 
     def _keys_fns(self):

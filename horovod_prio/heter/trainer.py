@@ -699,12 +699,7 @@ class HeterTrainer:
                 flat[starts[w][:, None] + np.arange(t["dim"])] = r.numpy()
         bounds = np.concatenate([[0], np.cumsum(got)])
         splits = [int(per_key[bounds[i]:bounds[i + 1]].sum()) for i in range(len(sp))]
-        self._alltoall(tf.constant(flat), splits, "sparse_ps", "rows")
-        grads, got_push = self._alltoall(tf.zeros([0], tf.float32), [0] * len(sp), "sparse_ps",
-                                         "row_grads")
-        grads = grads.numpy()
-        if next_inputs is not None:
-            grads, self._pending = _split_keys(grads, got_push, splits)
+        grads = self._answer(tf.constant(flat), splits, sp, next_inputs)
         if uniform:
             rows = grads.reshape(-1, self.group_dims[0])
             values = [rows[w] for w in idx]
@@ -718,18 +713,27 @@ class HeterTrainer:
         """:meth:`_step_ps` for tables of one row width: the keys of every
         table gathered, and their gradients applied, in one graph call each
         (:meth:`~horovod_prio.heter.ps.Shard.gather_keys`, ``apply_keys``)."""
-        tf, dim = self.tf, self.shard.dim
+        dim = self.shard.dim
         local = self.shard.check_keys(table_of, keys - self.offsets[table_of])
         flat = self.shard.gather_keys(table_of, local)
-        splits = [int(c) * dim for c in got]
-        self._alltoall(tf.reshape(flat, [-1]), splits, "sparse_ps", "rows")
-        grads, got_push = self._alltoall(tf.zeros([0], tf.float32), [0] * len(sp), "sparse_ps",
-                                         "row_grads")
-        grads = grads.numpy()
-        if next_inputs is not None:
-            grads, self._pending = _split_keys(grads, got_push, splits)
+        grads = self._answer(self.tf.reshape(flat, [-1]), [int(c) * dim for c in got], sp,
+                             next_inputs)
         self.shard.apply_keys(table_of, local, grads.reshape(-1, dim))
         return None
+
+    def _answer(self, flat, splits, sp, next_inputs):
+        """A shard sends the rows (``splits`` floats to each member of
+        ``sparse_ps``) and receives the row gradients; with ``next_inputs``
+        it keeps the next step's keys that came with them. Returns the row
+        gradients (numpy, in key order)."""
+        tf = self.tf
+        self._alltoall(flat, splits, "sparse_ps", "rows")
+        grads, got = self._alltoall(tf.zeros([0], tf.float32), [0] * len(sp), "sparse_ps",
+                                    "row_grads")
+        grads = grads.numpy()
+        if next_inputs is not None:
+            grads, self._pending = _split_keys(grads, got, splits)
+        return grads
 
     # dense trainer ------------------------------------------------------------------
 
