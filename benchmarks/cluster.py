@@ -18,7 +18,8 @@ its messages never queue on the uplink).
 comma-separated list: an implementation first -- ``horovod``, ``prio``
 (horovod_prio alone) or ``arb`` (horovod_prio asking the arbiter) -- then any of
 ``class=N`` (HOROVOD_PRIO_JOB_PRIORITY, the job's class at the arbiter; arb
-only), ``start=S`` (released S seconds after the other jobs' common start: a
+only), ``nice=N`` (every thread of the job at nice N, -20..19, in every variant:
+HOROVOD_PRIO_CPU_NICE for prio/arb, the workload's ``--nice`` for plain Horovod), ``start=S`` (released S seconds after the other jobs' common start: a
 job joining later), ``steps=N``, ``batch=N``, ``model=`` one of --model's choices,
 ``overlap`` (``model = hvd.overlap(model)``: barrier crossing; prio/arb only, kept
 in the ``prio`` variant) and ``HOROVOD_PRIO_<X>=V`` (extra environment of a
@@ -68,9 +69,10 @@ IMPLS = ("horovod", "prio", "arb")
 VARIANTS = ("hvd", "prio", "spec")
 LINK_NAME = "uplink"
 #: set by the runner for arb jobs; a --job spec may not set them
-RESERVED_ENV = ("HOROVOD_PRIO_ARBITER", "HOROVOD_PRIO_LINK", "HOROVOD_PRIO_JOB_ID",
-                "HOROVOD_PRIO_ARBITER_SECRET", "HOROVOD_PRIO_ARBITER_SECRET_FILE",
-                "HOROVOD_PRIO_JOB_PRIORITY")
+RESERVED_ENV = {"HOROVOD_PRIO_ARBITER": "", "HOROVOD_PRIO_LINK": "", "HOROVOD_PRIO_JOB_ID": "",
+                "HOROVOD_PRIO_ARBITER_SECRET": "", "HOROVOD_PRIO_ARBITER_SECRET_FILE": "",
+                "HOROVOD_PRIO_JOB_PRIORITY": " (use class= for the job class)",
+                "HOROVOD_PRIO_CPU_NICE": " (use nice=: it then applies in every variant)"}
 MAX_START = 500.0       # workload.py waits at most 600 s for its go file
 
 
@@ -78,7 +80,7 @@ MAX_START = 500.0       # workload.py waits at most 600 s for its go file
 def parse_job(s: str) -> dict:
     """``"arb,class=1,start=10,HOROVOD_PRIO_CREDIT_BYTES=32MiB"`` -> a job dict."""
     d = {"impl": None, "class": None, "start": 0.0, "steps": None, "batch": None,
-         "model": None, "overlap": False, "env": {}}
+         "model": None, "overlap": False, "nice": None, "env": {}}
     toks = [t.strip() for t in str(s).split(",")]
     if not any(toks):
         raise argparse.ArgumentTypeError("empty job spec: expected e.g. prio or arb,class=1")
@@ -103,6 +105,8 @@ def parse_job(s: str) -> dict:
                 d["impl"] = v
             elif k == "class":
                 d["class"] = units.parse_int(v)
+            elif k == "nice":
+                d["nice"] = units.parse_int(v, -20, 19)
             elif k == "start":
                 x = float(v)
                 if not 0 <= x <= MAX_START:
@@ -119,10 +123,10 @@ def parse_job(s: str) -> dict:
                 d["model"] = v
             elif k.startswith("HOROVOD_PRIO_"):
                 if k in RESERVED_ENV:
-                    raise ValueError("set by the runner (use class= for the job class)")
+                    raise ValueError("set by the runner" + RESERVED_ENV[k])
                 d["env"][k] = v
             else:
-                raise ValueError("unknown key (impl, class, start, steps, batch, model, "
+                raise ValueError("unknown key (impl, class, nice, start, steps, batch, model, "
                                  "overlap, HOROVOD_PRIO_*)")
         except ValueError as e:
             raise argparse.ArgumentTypeError(f"job spec {s!r}: {k}={v!r}: {e}") from None
@@ -305,11 +309,17 @@ def make_jobs(descs: list[dict], args) -> list[ClusterJob]:
     jobs = []
     for i, d in enumerate(descs):
         env = dict(d["env"]) if d["impl"] != "horovod" else {}
+        extra = ["--overlap"] if d.get("overlap") and d["impl"] != "horovod" else []
+        if d.get("nice") is not None:     # the product's knob; plain Horovod: the workload's
+            if d["impl"] == "horovod":
+                extra += ["--nice", str(d["nice"])]
+            else:
+                env["HOROVOD_PRIO_CPU_NICE"] = str(d["nice"])
         jobs.append(ClusterJob(
             name=f"job{i}", impl="horovod" if d["impl"] == "horovod" else "prio",
             model=d["model"], batch=d["batch"], steps=d["steps"], warmup=args.warmup,
             threads=args.threads, inter_threads=args.inter_threads, env=env, start=d["start"],
-            extra_args=["--overlap"] if d.get("overlap") and d["impl"] != "horovod" else [],
+            extra_args=extra,
             hosts=(ra[i], rb[i]),
             arbiter=d["impl"] == "arb", job_class=d.get("class")))
     return jobs

@@ -408,6 +408,8 @@ def cluster_job_label(d: dict) -> str:
         s += f"(c{d['class']})"
     if d.get("overlap"):
         s += "+ov"
+    if d.get("nice") is not None:
+        s += f" nice {d['nice']}"
     if d.get("start"):
         s += f"@{d['start']:g}s"
     return s

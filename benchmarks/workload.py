@@ -72,6 +72,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--pin-rank", action="store_true",
                    help="pin rank r to core r %% ncpu (default: inherit the affinity)")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--nice", type=units.arg(units.parse_int, -20, 19), default=None,
+                   help="the whole process at this nice value, set before TensorFlow starts "
+                        "(plain Horovod's side of a job that a prio job runs with "
+                        "HOROVOD_PRIO_CPU_NICE)")
     p.add_argument("--priority", type=_priority, default=None,
                    help="JSON object of PriorityConfig fields, passed as "
                         "DistributedOptimizer(priority={...}) (only --impl prio; "
@@ -145,6 +149,8 @@ def main(argv=None) -> int:
     if a.pin_rank:
         ncpu = os.cpu_count() or 1
         os.sched_setaffinity(0, {rank % ncpu})
+    if a.nice is not None:
+        os.setpriority(os.PRIO_PROCESS, 0, a.nice)    # one thread yet: the later ones inherit
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     os.environ.setdefault("OMP_NUM_THREADS", str(a.threads))
 

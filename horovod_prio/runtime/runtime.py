@@ -8,6 +8,7 @@ use). It
   trainer's job holds on the first rank of each role instead);
 * attaches the arbiter link (on a holding rank, when the job opted in);
 * owns the Chrome trace (one file per rank);
+* sets every thread's nice value (``cpu_nice``, :mod:`horovod_prio.runtime.cpu`);
 * keeps one :class:`~horovod_prio.runtime.monitor.Monitor` per
   optimizer/tape identity and runs the thread that feeds them finished steps
   and flushes the trace;
@@ -29,6 +30,7 @@ import threading
 
 from horovod_prio.method.config import PROCESS_FIELDS  # declared with the fields
 from horovod_prio.runtime.autotune import CreditTuner, credit_candidates
+from horovod_prio.runtime.cpu import set_process_nice
 from horovod_prio.runtime.monitor import Monitor
 from horovod_prio.runtime.trace import ChunkTracer, TraceWriter, trace_path_for_rank
 
@@ -115,6 +117,8 @@ class Runtime:
             Scheduler.process()
         self.rank, self.size = rank, size
         self.hold = hold
+        if config.cpu_nice is not None:
+            set_process_nice(config.cpu_nice, log)
         self._set_credit(config.credit_bytes)
         if config.trace_path:
             path = trace_path_for_rank(config.trace_path, rank)

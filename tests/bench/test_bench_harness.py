@@ -92,6 +92,10 @@ def test_workload_arguments(capsys):
     assert "argument --priority" in capsys.readouterr().err
     a = workload.parse_args(["--impl", "prio", "--out", "x", "--priority", '{"num_groups": 2}'])
     assert a.priority == {"num_groups": 2}
+    with pytest.raises(SystemExit):
+        workload.parse_args(["--impl", "horovod", "--out", "x", "--nice", "20"])
+    assert "argument --nice" in capsys.readouterr().err
+    assert workload.parse_args(["--impl", "horovod", "--out", "x", "--nice", "10"]).nice == 10
 
 
 def test_shaped_link_validates_values():

@@ -12,7 +12,8 @@ from benchmarks.cluster import parse_job
 # ------------------------------------------------------------------ job specs
 def test_job_specs():
     assert parse_job("prio") == {"impl": "prio", "class": None, "start": 0.0, "steps": None,
-                                 "batch": None, "model": None, "overlap": False, "env": {}}
+                                 "batch": None, "model": None, "overlap": False, "nice": None,
+                                 "env": {}}
     d = parse_job("arb,class=1,start=12.5,steps=40,batch=256,model=cnn,"
                   "HOROVOD_PRIO_CREDIT_BYTES=32MiB")
     assert (d["impl"], d["class"], d["start"], d["steps"], d["batch"], d["model"]) == (
@@ -36,6 +37,9 @@ def test_job_specs():
     ("prio,colour=red", "unknown key"),
     ("arb,HOROVOD_PRIO_ARBITER=x:1", "set by the runner"),
     ("arb,HOROVOD_PRIO_JOB_PRIORITY=2", "class="),
+    ("arb,HOROVOD_PRIO_CPU_NICE=5", "use nice="),
+    ("arb,nice=20", "nice"),
+    ("horovod,nice=low", "nice"),
     ("horovod,HOROVOD_PRIO_STEP=2", "prio or arb"),
     ("prio,2", "not key=value"),
     ("overlap", "implementation"),
@@ -118,6 +122,23 @@ def test_each_job_gets_its_own_pair_of_hosts_across_the_racks(tmp_path, monkeypa
     t = cluster.make_topology(2, a, tag="c1")
     assert {h.name: h.rack for h in t.hosts} == {"head": "A", "arbiter": "A", "a1": "A",
                                                  "a2": "A", "b1": "B", "b2": "B"}
+
+
+def test_a_niced_job_is_niced_in_every_variant_by_the_product_or_by_the_workload(
+        tmp_path, monkeypatch):
+    monkeypatch.setattr(cluster, "horovodrun_path", lambda: "/venv/bin/horovodrun")
+    a = cluster.parse_args(["--job", "arb,class=1", "--job", "arb,class=0,nice=10"])
+    assert [d["nice"] for d in cluster.variant_jobs(a.job, "hvd")] == [None, 10]
+    assert report.cluster_job_label(a.job[1]) == "arb(c0) nice 10"
+    for variant in ("hvd", "prio", "spec"):
+        top, low = cluster.make_jobs(cluster.variant_jobs(a.job, variant), a)
+        assert "HOROVOD_PRIO_CPU_NICE" not in top.env
+        assert "--nice" not in cluster.cluster_job_command(top, tmp_path, "gloo")
+        cmd = cluster.cluster_job_command(low, tmp_path, "gloo")
+        if variant == "hvd":
+            assert cmd[cmd.index("--nice") + 1] == "10" and "HOROVOD_PRIO_CPU_NICE" not in low.env
+        else:
+            assert low.env["HOROVOD_PRIO_CPU_NICE"] == "10" and "--nice" not in cmd
 
 
 def test_overlap_job_runs_the_workload_with_overlap(tmp_path, monkeypatch):

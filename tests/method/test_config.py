@@ -15,7 +15,7 @@ DEFAULTS = dict(
     warmup_batches=2, calibration_batches=20, partition_bytes=None, credit_bytes=None, autotune=False, monitor=True, trace_path=None,
     arbiter=None, link=None, job_id=None, arbiter_secret=None, arbiter_secret_file=None,
     job_priority=0, arbiter_timeout=0.05, arbiter_client="native", arbiter_io_priority=None,
-    overlap=None,
+    cpu_nice=None, overlap=None,
 )
 # what arbiter= needs beside it
 WITH_ARBITER = dict(link="l", arbiter_secret="s")
@@ -111,6 +111,7 @@ def test_trace_env_is_not_trace_path():
     ("arbiter_io_priority", "realtime", ("realtime", 10)),
     ("arbiter_io_priority", "realtime=50", ("realtime", 50)),
     ("arbiter_io_priority", "nice=-5", ("nice", -5)),
+    ("cpu_nice", "10", 10), ("cpu_nice", "-20", -20), ("cpu_nice", " 19 ", 19),
 ])
 def test_env_values_parsed(field, raw, value):
     extra = env(**WITH_ARBITER) if field == "arbiter" else {}
@@ -174,6 +175,7 @@ BAD = [
     ("arbiter_client", "c++"), ("arbiter_client", "grpc"),
     ("arbiter_io_priority", "fifo"), ("arbiter_io_priority", "realtime=0"),
     ("arbiter_io_priority", "nice=20"),
+    ("cpu_nice", "20"), ("cpu_nice", "-21"), ("cpu_nice", "nice=5"), ("cpu_nice", "1.5"),
 ]
 
 
@@ -469,7 +471,7 @@ def test_derived_views_of_the_field_declarations():
     assert set(config.PROCESS_FIELDS) == {
         "credit_bytes", "autotune", "trace_path", "arbiter", "link", "job_id",
         "arbiter_secret", "arbiter_secret_file", "arbiter_timeout", "job_priority",
-        "arbiter_client", "arbiter_io_priority"}
+        "arbiter_client", "arbiter_io_priority", "cpu_nice"}
     for name in DEFAULTS:
         assert config.__doc__.count("\n    %s " % name) == 1, name
     assert "arbiter_secret" not in repr(PriorityConfig.from_env({}, arbiter_secret="s2")) \
