@@ -1,13 +1,15 @@
 """cpu_nice: the runtime sets every thread of the process, the ones started
-before the set-up included, and a refusal is one warning. Each case runs in
-its own interpreter: a nice value cannot always be taken back."""
+before the set-up included, and its session's autogroup; a refusal is one
+warning. Each case runs in its own interpreter and session (as horovodrun
+starts a rank): a nice value cannot always be taken back, and an autogroup's
+is the whole session's."""
 import json
 import os
 import subprocess
 import sys
 import textwrap
 
-import pytest
+from horovod_prio.runtime import cpu
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -35,8 +37,10 @@ SCRIPT = textwrap.dedent("""
     rt.setup(PriorityConfig.from_env({}, cpu_nice=int(sys.argv[1])), 0, 1)
     after = threading.Thread(target=stop.wait, daemon=True)
     after.start()
+    with open("/proc/self/autogroup") as f:
+        group = f.read()
     print(json.dumps({"all": nices(), "before": before.native_id, "after": after.native_id,
-                      "main": threading.get_native_id()}))
+                      "main": threading.get_native_id(), "autogroup": group}))
     stop.set()
     rt.shutdown()
 """)
@@ -47,7 +51,8 @@ def run(nice, start_nice=0, as_nobody=False):
     env.pop("HOROVOD_PRIO_CPU_NICE", None)
     p = subprocess.run([sys.executable, "-c", SCRIPT, str(nice), "nobody" if as_nobody else "-"],
                        capture_output=True, text=True, timeout=120, env=env,
-                       preexec_fn=lambda: os.nice(start_nice), cwd="/")
+                       preexec_fn=lambda: os.nice(start_nice), cwd="/",
+                       start_new_session=True)
     assert p.returncode == 0, p.stderr
     return json.loads(p.stdout), p.stderr
 
@@ -56,7 +61,10 @@ def test_every_thread_takes_the_nice_value_those_started_before_the_setup_too():
     got, err = run(7)
     assert set(got["all"].values()) == {7}, got
     assert str(got["before"]) in got["all"] and str(got["after"]) in got["all"]
-    assert "threads at nice 7 (HOROVOD_PRIO_CPU_NICE)" in err
+    # autogroups on (this kernel's default): the session's group weight follows
+    assert cpu.autogroup_enabled(), "the test machine's kernel runs without autogroups"
+    assert got["autogroup"].split()[-2:] == ["nice", "7"], got["autogroup"]
+    assert "threads and its session's autogroup at nice 7 (HOROVOD_PRIO_CPU_NICE)" in err
 
 
 def started(start_nice):
@@ -72,9 +80,12 @@ def test_unset_leaves_the_process_alone():
     env.pop("HOROVOD_PRIO_CPU_NICE", None)
     code = SCRIPT.replace("cpu_nice=int(sys.argv[1])", "")
     p = subprocess.run([sys.executable, "-c", code, "0", "-"], capture_output=True, text=True,
-                       timeout=120, env=env, preexec_fn=lambda: os.nice(2), cwd="/")
+                       timeout=120, env=env, preexec_fn=lambda: os.nice(2), cwd="/",
+                       start_new_session=True)
     assert p.returncode == 0, p.stderr
-    assert set(json.loads(p.stdout)["all"].values()) == {started(2)}
+    got = json.loads(p.stdout)
+    assert set(got["all"].values()) == {started(2)}
+    assert got["autogroup"].split()[-2:] == ["nice", "0"]
 
 
 def test_a_refused_value_is_one_warning_naming_the_setting_and_the_job_runs_on():
