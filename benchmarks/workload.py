@@ -73,9 +73,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="pin rank r to core r %% ncpu (default: inherit the affinity)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--nice", type=units.arg(units.parse_int, -20, 19), default=None,
-                   help="the whole process at this nice value, set before TensorFlow starts "
-                        "(plain Horovod's side of a job that a prio job runs with "
-                        "HOROVOD_PRIO_CPU_NICE)")
+                   help="the whole process (and its session's autogroup) at this nice value, "
+                        "set before TensorFlow starts: what HOROVOD_PRIO_CPU_NICE does, for "
+                        "plain Horovod")
     p.add_argument("--priority", type=_priority, default=None,
                    help="JSON object of PriorityConfig fields, passed as "
                         "DistributedOptimizer(priority={...}) (only --impl prio; "
@@ -149,8 +149,9 @@ def main(argv=None) -> int:
     if a.pin_rank:
         ncpu = os.cpu_count() or 1
         os.sched_setaffinity(0, {rank % ncpu})
-    if a.nice is not None:
-        os.setpriority(os.PRIO_PROCESS, 0, a.nice)    # one thread yet: the later ones inherit
+    if a.nice is not None:      # one thread yet (the later ones inherit it), and the autogroup
+        from horovod_prio.runtime.cpu import set_process_nice   # stdlib only
+        set_process_nice(a.nice, logging.getLogger("horovod_prio"))
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     os.environ.setdefault("OMP_NUM_THREADS", str(a.threads))
 
