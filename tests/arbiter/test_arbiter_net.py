@@ -841,6 +841,18 @@ def test_hung_arbiter_mid_run_detected_by_heartbeat(server_factory, client_facto
     assert gb.count() == {"queued": 1, "again": 1}
 
 
+def test_an_idle_healthy_connection_is_kept_by_its_heartbeats(server_factory, client_factory):
+    # the client must send its PINGs: an unanswered heartbeat deadline would
+    # count an outage and reconnect every ~0.1 s here
+    srv = server_factory(credit_bytes=100)
+    a, ga = client_factory(srv.address, "A", timeout=0.05, idle_heartbeat=0.05)
+    time.sleep(1.0)                                  # about 20 heartbeat periods
+    assert a.connected
+    assert (a.counters["outages"], a.counters["reconnects"]) == (0, 0), a.counters
+    a.request(key("after"), 1, 100)
+    assert ga.wait_for("after") and a.counters["arbiter_grants"] == 1
+
+
 def test_request_to_hung_arbiter_falls_back(server_factory, client_factory):
     srv = server_factory(credit_bytes=1 << 20)
     a, ga = client_factory(srv.address, "A", timeout=0.3, max_wait=60)
