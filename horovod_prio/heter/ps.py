@@ -232,7 +232,7 @@ class Shard:
         #: :meth:`flush`), "rest_late" (a rest the next apply or pull had to
         #: apply first because nobody flushed it)
         self.apply_parts = collections.Counter()
-        self._rest = None
+        self._rest = self._marks = None
         self._splits = np.array([optimizer.splits(int(v.shape[1]), v.dtype.size)
                                  for v in self.tables.values()], bool)
         dims = {int(v.shape[1]) for v in self.tables.values()}
@@ -353,11 +353,16 @@ class Shard:
         after the next rows are sent, or None for none."""
         if next_keys is None or not self._splits.any():
             return None
-        count = len(self.tables)
+        if self._marks is None:     # one flag per row of this shard, all tables end to end
+            self._first = np.concatenate(
+                [[0], np.cumsum([int(v.shape[0]) for v in self.tables.values()])]).astype(np.int64)
+            self._marks = np.zeros(int(self._first[-1]), bool)
         nt, nl = (np.asarray(a, np.int64) for a in next_keys)
-        wanted = nl * count + nt
-        masks = [self._splits[t] & ~np.isin(l * count + t, wanted)
+        wanted = self._first[nt] + nl
+        self._marks[wanted] = True
+        masks = [self._splits[t] & ~self._marks[self._first[t] + l]
                  for t, l in zip(table_of, local)]
+        self._marks[wanted] = False
         return masks if any(m.any() for m in masks) else None
 
     def flush(self, part="rest"):
