@@ -17,6 +17,8 @@ optimizer that updates them, exactly as Keras's optimizer would.
   array (vector lanes vs scalar tail), so a row at another offset in its
   shard can differ from Keras by one ulp per step. With that rewrite off
   (or one shard) the bits are equal; tests/heter/test_ps.py checks both.
+  Rows a multiple of 32 bytes wide leave no scalar tail, whatever their
+  offset (measured; :data:`SPLIT_ROW_BYTES`).
 * :class:`Shard` - one shard's tables, slots and step counter; pulls rows,
   applies pushed row gradients, saves and loads its state. Given the keys
   the next step reads, it applies a push in two parts where that is exact

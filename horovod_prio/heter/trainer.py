@@ -21,7 +21,9 @@ does its role's part (docs/heter.md has the picture):
    id's gradient (``unsorted_segment_sum``, as Keras's IndexedSlices path
    does) and push the sums to the shards -- ``alltoall`` on ``sparse_ps``;
    each shard applies its optimizer to all its tables in one call
-   (:mod:`horovod_prio.heter.ps`);
+   (:mod:`horovod_prio.heter.ps`) -- with the next step's keys known, where
+   it is exact, only the rows the next step reads, the rest after the next
+   step's rows are sent (:meth:`HeterTrainer._answer`);
 7. dense trainers allreduce the dense gradients on ``dense`` and each applies
    the same Keras optimizer to its copy of the dense weights.
 
