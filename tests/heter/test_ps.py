@@ -269,3 +269,19 @@ def test_a_push_split_around_the_next_rows_keeps_the_bits(kind, dims, split):
     else:
         assert two.apply_parts == {"whole": 8}, two.apply_parts
     assert opt.splits(dims[0]) == bool(split) and opt.splits(dims[1]) == (split is True)
+
+
+def test_a_gather_of_other_rows_than_announced_applies_the_rest_first():
+    """The next step's inputs were not the ones announced (the trainer then
+    sends the keys again): a gather that is not ``ahead`` applies the kept-back
+    rest before it reads, and reads the one-part update's rows."""
+    init = {"a": np.arange(24, dtype=np.float32).reshape(8, 3)}
+    two, one = (ps.Shard(0, 1, init, ps.Optimizer("sgd", 0.5)) for _ in range(2))
+    t, rows, g = np.zeros(3, np.int64), np.array([1, 4, 6]), np.ones((3, 3), np.float32)
+    two.apply_keys(t, rows, g, next_keys=([0], [4]))
+    one.apply_keys(t, rows, g)
+    assert two.apply_parts == {"ahead": 1}
+    got = two.gather_keys(t, rows).numpy()
+    assert np.array_equal(got, one.gather_keys(t, rows).numpy())
+    assert two.apply_parts == {"ahead": 1, "rest_late": 1}
+    assert two.pull("a", [6]).numpy().tolist() == [[17.5, 18.5, 19.5]]
