@@ -88,7 +88,10 @@ def read_manifest(path):
 
 def load_shard(shard, path):
     """Fill ``shard`` (any index/count/sharding) from the complete checkpoint
-    at ``path``: the rows it owns, their slots, the step."""
+    at ``path``: the rows it owns, their slots, the step. A push's rest the
+    shard kept back (``Shard.flush``) is applied first, so that it lands on
+    the state it belongs to and not on the restored one."""
+    shard.flush()
     manifest = read_manifest(path)
     for name, var in shard.tables.items():
         want = manifest["tables"].get(name)

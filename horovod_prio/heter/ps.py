@@ -17,8 +17,12 @@ optimizer that updates them, exactly as Keras's optimizer would.
   array (vector lanes vs scalar tail), so a row at another offset in its
   shard can differ from Keras by one ulp per step. With that rewrite off
   (or one shard) the bits are equal; tests/heter/test_ps.py checks both.
+  Rows a multiple of 32 bytes wide leave no scalar tail, whatever their
+  offset (measured; :data:`SPLIT_ROW_BYTES`).
 * :class:`Shard` - one shard's tables, slots and step counter; pulls rows,
-  applies pushed row gradients, saves and loads its state.
+  applies pushed row gradients, saves and loads its state. Given the keys
+  the next step reads, it applies a push in two parts where that is exact
+  (:meth:`Optimizer.splits`): those rows first, the rest at :meth:`Shard.flush`.
 """
 import collections
 
@@ -57,6 +61,14 @@ class Sharding:
 
 
 OPTIMIZERS = ("sgd", "adagrad", "adam")
+
+#: Adagrad's update of some rows, then of the others, has the bits of one
+#: update of all when a row is a multiple of this many bytes wide: grappler's
+#: rewrite of ``x / sqrt(y)`` rounds differently in the scalar tail of an
+#: array than in its vector lanes, and such rows leave no tail. Measured with
+#: TF 2.15.1's wheel: 32 bytes (8 float32 lanes) suffice; 64 is the widest
+#: x86 vector (AVX-512), for builds with wider packets.
+SPLIT_ROW_BYTES = 64
 
 
 class Optimizer:
@@ -100,6 +112,16 @@ class Optimizer:
         if opt.amsgrad:
             raise ValueError("optimizer Adam: amsgrad=True is not supported")
         return cls("adam", lr, epsilon=opt.epsilon, beta_1=opt.beta_1, beta_2=opt.beta_2)
+
+    def splits(self, dim, itemsize=4):
+        """Whether rows ``dim`` wide may be updated in two parts (some rows,
+        then the others) with the bits of one update: SGD always (a multiply
+        and an add per element); Adagrad if a row is a multiple of
+        :data:`SPLIT_ROW_BYTES` bytes; Adam never (its sparse path decays
+        every row's moments each step, so every row is in both parts)."""
+        if self.kind == "sgd":
+            return True
+        return self.kind == "adagrad" and (int(dim) * int(itemsize)) % SPLIT_ROW_BYTES == 0
 
     @property
     def slot_names(self):
@@ -207,6 +229,14 @@ class Shard:
                                                name="heter_%s_%s_shard%d" % (name, s, index))
                                 for s in optimizer.slot_names}
         self._apply = self._gather = self._rows_fns = None
+        #: one-part and two-part applies: "whole", "ahead" (the rows the next
+        #: step reads, of a split push), "rest" (the other rows, at
+        #: :meth:`flush`), "rest_late" (a rest the next apply or pull had to
+        #: apply first because nobody flushed it)
+        self.apply_parts = collections.Counter()
+        self._rest = self._marks = None
+        self._splits = np.array([optimizer.splits(int(v.shape[1]), v.dtype.size)
+                                 for v in self.tables.values()], bool)
         dims = {int(v.shape[1]) for v in self.tables.values()}
         #: the tables' one row width, or None: :meth:`gather_keys` and
         #: :meth:`apply_keys` take the keys of every table as one array
@@ -228,6 +258,7 @@ class Shard:
     def pull(self, table, ids):
         """Rows of ``ids`` (table ids this shard owns)."""
         import tensorflow as tf
+        self.flush("rest_late")
         return tf.gather(self.tables[table], self.check_ids(table, ids))
 
     def pull_all(self, ids):
@@ -240,9 +271,13 @@ class Shard:
                              % (len(ids), len(names)))
         return self.gather_local([self.check_ids(n, i) for n, i in zip(names, ids)])
 
-    def gather_local(self, local):
-        """:meth:`pull_all` of local row indices already checked (``check_ids``)."""
+    def gather_local(self, local, ahead=False):
+        """:meth:`pull_all` of local row indices already checked (``check_ids``).
+        ``ahead``: these are the rows the last apply was told the next step
+        reads (its ``next_keys``), so its rest need not be applied first."""
         import tensorflow as tf
+        if not ahead:
+            self.flush("rest_late")
         names = list(self.tables)
         if self._gather is None:
             variables = [self.tables[n] for n in names]
@@ -271,23 +306,80 @@ class Shard:
             self.check_ids(name, ids[table_of == t])       # raises, naming the table
         return local
 
-    def gather_keys(self, table_of, local):
+    def gather_keys(self, table_of, local, ahead=False):
         """Rows of the tables' one width (:attr:`dim`) for ids of several
         tables, in their order, in one graph call: ``table_of`` (each id's
-        table index), ``local`` (its local row, :meth:`check_keys`) -> (n, dim)."""
+        table index), ``local`` (its local row, :meth:`check_keys`) -> (n, dim).
+        ``ahead`` as for :meth:`gather_local`."""
         import tensorflow as tf
+        if not ahead:
+            self.flush("rest_late")
         return self._keys_fns()[0](tf.constant(table_of, tf.int32), tf.constant(local, tf.int64))
 
-    def apply_keys(self, table_of, local, values):
+    def apply_keys(self, table_of, local, values, next_keys=None):
         """:meth:`push` of row gradients ``values`` (n, :attr:`dim`) of ids of
         several tables (as :meth:`gather_keys`). Each table gets its ids and
         gradients in their order here, which is what :meth:`apply_local` gets
-        from a stable sort by table: the same update, bit for bit."""
+        from a stable sort by table: the same update, bit for bit.
+
+        ``next_keys``: ``(table_of, local)`` of the rows the next step reads.
+        Then the rows of tables whose update splits exactly
+        (:meth:`Optimizer.splits`) that the next step does not read are kept
+        for :meth:`flush` (call it after the next rows are sent); the others
+        are applied now. A row's gradients all go to one part, in their
+        order, so each part sums them as the whole would."""
+        self.flush("rest_late")
+        table_of = np.asarray(table_of, np.int64)
+        local = np.asarray(local, np.int64)
+        values = np.asarray(values)
+        rest = self._rest_mask([table_of], [local], next_keys)
+        if rest is None:
+            self._apply_keys(table_of, local, values)
+            self.apply_parts["whole"] += 1
+        else:
+            now = ~rest[0]
+            if now.any():
+                self._apply_keys(table_of[now], local[now], values[now])
+            self._rest = ("keys", (table_of[rest[0]], local[rest[0]], values[rest[0]]))
+            self.apply_parts["ahead"] += 1
+        self.step.assign_add(1)
+
+    def _apply_keys(self, table_of, local, values):
         import tensorflow as tf
         dtype = next(iter(self.tables.values())).dtype
         self._keys_fns()[1](tf.constant(table_of, tf.int32), tf.constant(local, tf.int64),
                             tf.convert_to_tensor(values, dtype))
-        self.step.assign_add(1)
+
+    def _rest_mask(self, table_of, local, next_keys):
+        """Per array of keys (``table_of[i]``, ``local[i]``): which to apply
+        after the next rows are sent, or None for none."""
+        if next_keys is None or not self._splits.any():
+            return None
+        if self._marks is None:     # one flag per row of this shard, all tables end to end
+            self._first = np.concatenate(
+                [[0], np.cumsum([int(v.shape[0]) for v in self.tables.values()])]).astype(np.int64)
+            self._marks = np.zeros(int(self._first[-1]), bool)
+        nt, nl = (np.asarray(a, np.int64) for a in next_keys)
+        wanted = self._first[nt] + nl
+        self._marks[wanted] = True
+        masks = [self._splits[t] & ~self._marks[self._first[t] + l]
+                 for t, l in zip(table_of, local)]
+        self._marks[wanted] = False
+        return masks if any(m.any() for m in masks) else None
+
+    def flush(self, part="rest"):
+        """Apply the rows a split push kept back (no step of its own: it is
+        the rest of the last one). Returns whether there were any."""
+        if self._rest is None:
+            return False
+        how, args = self._rest
+        self._rest = None
+        if how == "keys":
+            self._apply_keys(*args)
+        else:
+            self._apply_local(*args)
+        self.apply_parts[part] += 1
+        return True
 
     def _keys_fns(self):
         import tensorflow as tf
@@ -333,14 +425,32 @@ class Shard:
             values.append(v)
         self.apply_local(local, values)
 
-    def apply_local(self, local, values):
+    def apply_local(self, local, values, next_keys=None):
         """:meth:`push` of local row indices already checked (``check_ids``),
-        one array per table in the shard's table order."""
+        one array per table in the shard's table order; ``next_keys`` as for
+        :meth:`apply_keys`."""
+        self.flush("rest_late")
+        local = [np.asarray(i, np.int64) for i in local]
+        values = [np.asarray(v) for v in values]
+        rest = self._rest_mask([np.full(len(i), t, np.int64) for t, i in enumerate(local)],
+                               local, next_keys)
+        if rest is None:
+            self._apply_local(local, values)
+            self.apply_parts["whole"] += 1
+        else:
+            if any((~m).any() for m in rest):
+                self._apply_local([i[~m] for i, m in zip(local, rest)],
+                                  [v[~m] for v, m in zip(values, rest)])
+            self._rest = ("local", ([i[m] for i, m in zip(local, rest)],
+                                    [v[m] for v, m in zip(values, rest)]))
+            self.apply_parts["ahead"] += 1
+        self.step.assign_add(1)
+
+    def _apply_local(self, local, values):
         import tensorflow as tf
         args = [[tf.constant(i, tf.int64), tf.convert_to_tensor(v, var.dtype)]
                 for i, v, var in zip(local, values, self.tables.values())]
         self._apply_fn()(args)
-        self.step.assign_add(1)
 
     def _apply_fn(self):
         import tensorflow as tf
@@ -361,6 +471,7 @@ class Shard:
 
     def state(self):
         """name -> numpy arrays: ``{table: {"ids", "rows", <slot>...}}`` and the step."""
+        self.flush()
         out = {"step": int(self.step.numpy()), "tables": {}}
         for name, var in self.tables.items():
             entry = {"ids": self.shardings[name].global_ids(self.index), "rows": var.numpy()}

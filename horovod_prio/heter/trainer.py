@@ -21,7 +21,9 @@ does its role's part (docs/heter.md has the picture):
    id's gradient (``unsorted_segment_sum``, as Keras's IndexedSlices path
    does) and push the sums to the shards -- ``alltoall`` on ``sparse_ps``;
    each shard applies its optimizer to all its tables in one call
-   (:mod:`horovod_prio.heter.ps`);
+   (:mod:`horovod_prio.heter.ps`) -- with the next step's keys known, where
+   it is exact, only the rows the next step reads, the rest after the next
+   step's rows are sent (:meth:`HeterTrainer._answer`);
 7. dense trainers allreduce the dense gradients on ``dense`` and each applies
    the same Keras optimizer to its copy of the dense weights.
 
@@ -670,14 +672,14 @@ class HeterTrainer:
         tf = self.tf
         sp = self._ranks["sparse_ps"]
         if ahead:                    # sent with the last step's row gradients
-            keys, got = self._pending
+            keys, got, (table_of, key_local) = self._pending
         else:
             keys, got = self._alltoall(tf.zeros([0], tf.int64), [0] * len(sp), "sparse_ps", "keys")
             keys = keys.numpy()
+            table_of, key_local = self._local_keys(keys)
         self._pending = None
-        table_of = np.searchsorted(self.offsets, keys, side="right") - 1
         if self.shard.dim is not None:          # tables of one width: no loop over tables
-            return self._serve_uniform(keys, got, table_of, sp, next_inputs)
+            return self._serve_uniform(table_of, key_local, got, sp, next_inputs, ahead)
         dims = np.array([t["dim"] for t in self.tables], np.int64)
         per_key = dims[table_of]
         starts = np.concatenate([[0], np.cumsum(per_key)]).astype(np.int64)
@@ -685,9 +687,8 @@ class HeterTrainer:
         # each table's keys, in arrival order (a stable sort by table)
         by_table = np.argsort(table_of.astype(np.int32), kind="stable")
         idx = np.split(by_table, np.cumsum(np.bincount(table_of, minlength=len(self.tables)))[:-1])
-        local = [self.shard.check_ids(t["name"], keys[w] - t["offset"])
-                 for w, t in zip(idx, self.tables)]
-        pulled = self.shard.gather_local(local)
+        local = [key_local[w] for w in idx]
+        pulled = self.shard.gather_local(local, ahead=ahead)
         if uniform:
             flat = np.empty((len(keys), self.group_dims[0]), np.float32)
             for w, r in zip(idx, pulled):
@@ -706,28 +707,49 @@ class HeterTrainer:
         else:
             values = [grads[starts[w][:, None] + np.arange(t["dim"])]
                       for w, t in zip(idx, self.tables)]
-        self.shard.apply_local(local, values)
+        self.shard.apply_local(local, values, next_keys=self._next_keys())
         return None
 
-    def _serve_uniform(self, keys, got, table_of, sp, next_inputs):
+    def _local_keys(self, keys):
+        """Each key's table and local row on this shard (a key not owned
+        here is a ValueError naming its table)."""
+        table_of = np.searchsorted(self.offsets, keys, side="right") - 1
+        return table_of, self.shard.check_keys(table_of, keys - self.offsets[table_of])
+
+    def _next_keys(self):
+        """The next step's keys that came with the row gradients, as the
+        shard's (table, local row): kept for the next step and given to the
+        apply, which then applies the rows the next step does not read only
+        after the next rows are sent (:meth:`_answer`)."""
+        if self._pending is None:
+            return None
+        keys, per = self._pending
+        where = self._local_keys(keys)
+        self._pending = (keys, per, where)
+        return where
+
+    def _serve_uniform(self, table_of, local, got, sp, next_inputs, ahead):
         """:meth:`_step_ps` for tables of one row width: the keys of every
         table gathered, and their gradients applied, in one graph call each
         (:meth:`~horovod_prio.heter.ps.Shard.gather_keys`, ``apply_keys``)."""
         dim = self.shard.dim
-        local = self.shard.check_keys(table_of, keys - self.offsets[table_of])
-        flat = self.shard.gather_keys(table_of, local)
+        flat = self.shard.gather_keys(table_of, local, ahead=ahead)
         grads = self._answer(self.tf.reshape(flat, [-1]), [int(c) * dim for c in got], sp,
                              next_inputs)
-        self.shard.apply_keys(table_of, local, grads.reshape(-1, dim))
+        self.shard.apply_keys(table_of, local, grads.reshape(-1, dim),
+                              next_keys=self._next_keys())
         return None
 
     def _answer(self, flat, splits, sp, next_inputs):
         """A shard sends the rows (``splits`` floats to each member of
-        ``sparse_ps``) and receives the row gradients; with ``next_inputs``
-        it keeps the next step's keys that came with them. Returns the row
-        gradients (numpy, in key order)."""
+        ``sparse_ps``), applies what the last step's push kept back for
+        after them (rows this step does not read: ``Shard.flush``), and
+        receives the row gradients; with ``next_inputs`` it keeps the next
+        step's keys that came with them. Returns the row gradients (numpy,
+        in key order)."""
         tf = self.tf
         self._alltoall(flat, splits, "sparse_ps", "rows")
+        self.shard.flush()
         grads, got = self._alltoall(tf.zeros([0], tf.float32), [0] * len(sp), "sparse_ps",
                                     "row_grads")
         grads = grads.numpy()
@@ -764,6 +786,8 @@ class HeterTrainer:
         pushes), and Horovod's shutdown on one rank -- explicit or at exit --
         fails every collective still in flight on the others."""
         if not getattr(self, "_closed", False):
+            if self.role == "ps":
+                self.shard.flush()
             self.exchanges.close()
             self.hvd.allreduce(np.zeros(1, np.float32), name="heter.close")
             self._closed = True

@@ -100,3 +100,21 @@ def test_restore_checks_tables_and_slots(tmp_path):
         checkpoint.load_shard(ps.Shard(0, 2, other, opt), path)
     with pytest.raises(ValueError, match="has no table 'c'"):
         checkpoint.load_shard(ps.Shard(0, 2, dict(init, c=np.zeros((3, 2))), opt), path)
+
+
+def test_restore_over_a_split_push_keeps_the_checkpoint(tmp_path):
+    """A shard holding the rest of a split push (SGD splits at any width)
+    restores the checkpoint's bits: the rest goes to the state before it."""
+    shards, init, opt = trained_shards(1, "mod", kind="sgd")
+    path = save_all(shards, str(tmp_path), 4)
+    want = shards[0].state()
+    other = ps.Shard(0, 1, init, opt)
+    other.apply_local([np.array([0, 5, 9]), np.array([1, 2])],
+                      [np.ones((3, 4), np.float32), np.ones((2, 3), np.float32)],
+                      next_keys=([0], [5]))
+    assert other.apply_parts == {"ahead": 1}
+    checkpoint.load_shard(other, path)
+    got = other.state()
+    assert got["step"] == want["step"] == 4
+    for t in TABLES:
+        assert np.array_equal(got["tables"][t]["rows"], want["tables"][t]["rows"]), t

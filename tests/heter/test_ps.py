@@ -206,3 +206,82 @@ def test_keys_of_all_tables_name_a_bad_id_and_need_one_width():
     assert mixed.dim is None
     with pytest.raises(ValueError, match=r"several row widths \[2, 3\]"):
         mixed.gather_keys([0], [1])
+
+
+@pytest.mark.parametrize("kind,dims,split", [
+    ("adagrad", (16, 16), True), ("adagrad", (16, 32), True), ("sgd", (3, 3), True),
+    ("sgd", (3, 5), True), ("adagrad", (4, 4), False), ("adagrad", (16, 12), "a"),
+    ("adam", (16, 16), False)])
+def test_a_push_split_around_the_next_rows_keeps_the_bits(kind, dims, split):
+    """Given the next step's keys, a push applies the rows the next step reads,
+    the next rows are gathered, then flush() applies the rest: every gathered
+    row and the final state are bit for bit those of one whole apply per step,
+    with grappler on. It splits where that is exact (Optimizer.splits: SGD;
+    Adagrad rows a multiple of 64 bytes; "a": only table a's rows), else
+    applies whole. Tables of one width take apply_keys, of two apply_local."""
+    rng = np.random.default_rng(11)
+    rows = {"a": 29, "b": 13}
+    init = {n: rng.standard_normal((r, d)).astype(np.float32)
+            for (n, r), d in zip(rows.items(), dims)}
+    opt = ps.Optimizer.from_keras(keras_optimizer(kind))
+    two, one = (ps.Shard(0, 1, init, opt) for _ in range(2))
+    names = list(rows)
+
+    def keys():
+        table_of = rng.integers(0, 2, 30)
+        return table_of, np.array([rng.integers(0, rows[names[t]]) for t in table_of], np.int64)
+
+    def gather(shard, table_of, local, ahead):
+        if shard.dim is not None:
+            return [shard.gather_keys(table_of, local, ahead=ahead).numpy()]
+        return [r.numpy() for r in shard.gather_local(
+            [local[table_of == t] for t in range(2)], ahead=ahead)]
+
+    def apply(shard, table_of, local, values, next_keys):
+        if shard.dim is not None:
+            shard.apply_keys(table_of, local, values[0], next_keys)
+        else:
+            shard.apply_local([local[table_of == t] for t in range(2)], values, next_keys)
+
+    cur = keys()
+    for step in range(8):
+        got = gather(two, *cur, ahead=step > 0)
+        want = gather(one, *cur, ahead=False)
+        assert all(np.array_equal(g, w) for g, w in zip(got, want)), (kind, dims, step)
+        two.flush()                                  # the rest, after the rows are sent
+        nxt = keys()
+        sizes = [len(cur[0])] if two.dim else [int((cur[0] == t).sum()) for t in range(2)]
+        values = [rng.standard_normal((n, d)).astype(np.float32) for n, d in zip(sizes, dims)]
+        apply(two, *cur, values, nxt)
+        apply(one, *cur, values, None)
+        cur = nxt
+    a, b = two.state(), one.state()
+    assert a["step"] == b["step"] == 8
+    for n in names:
+        for field in b["tables"][n]:
+            assert np.array_equal(a["tables"][n][field], b["tables"][n][field]), (n, field)
+    assert one.apply_parts == {"whole": 8}
+    if split:
+        assert two.apply_parts["ahead"] >= 6 and \
+            two.apply_parts["rest"] == two.apply_parts["ahead"], two.apply_parts
+        assert two.apply_parts["whole"] + two.apply_parts["ahead"] == 8
+        assert "rest_late" not in two.apply_parts
+    else:
+        assert two.apply_parts == {"whole": 8}, two.apply_parts
+    assert opt.splits(dims[0]) == bool(split) and opt.splits(dims[1]) == (split is True)
+
+
+def test_a_gather_of_other_rows_than_announced_applies_the_rest_first():
+    """The next step's inputs were not the ones announced (the trainer then
+    sends the keys again): a gather that is not ``ahead`` applies the kept-back
+    rest before it reads, and reads the one-part update's rows."""
+    init = {"a": np.arange(24, dtype=np.float32).reshape(8, 3)}
+    two, one = (ps.Shard(0, 1, init, ps.Optimizer("sgd", 0.5)) for _ in range(2))
+    t, rows, g = np.zeros(3, np.int64), np.array([1, 4, 6]), np.ones((3, 3), np.float32)
+    two.apply_keys(t, rows, g, next_keys=([0], [4]))
+    one.apply_keys(t, rows, g)
+    assert two.apply_parts == {"ahead": 1}
+    got = two.gather_keys(t, rows).numpy()
+    assert np.array_equal(got, one.gather_keys(t, rows).numpy())
+    assert two.apply_parts == {"ahead": 1, "rest_late": 1}
+    assert two.pull("a", [6]).numpy().tolist() == [[17.5, 18.5, 19.5]]

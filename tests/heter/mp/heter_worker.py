@@ -14,6 +14,13 @@
                                     field is mean-pooled (a sparse-kind layer
                                     that runs on the sparse trainer), tables of
                                     one width (OUT_DIR/pooled_rank<r>.json)
+    heter_worker.py OUT_DIR split   fit() (one batch ahead) with tables whose update
+                                    the shard splits around the next step's
+                                    rows: Adagrad on tables 16 wide (one
+                                    width) and 16 + 32 wide, SGD on the tiny
+                                    model; vs single-process training, with
+                                    the shard's apply parts
+                                    (OUT_DIR/split_rank<r>.json)
     heter_worker.py OUT_DIR memory  the model built with placeholder tables
                                     (larger tables, 2 shards): a few steps, then
                                     every rank reports the bytes of the
@@ -66,6 +73,25 @@ def build_pooled(rows_a=ROWS_A, rows_b=ROWS_B):
     return tf.keras.Model([a, b, x], tf.keras.layers.Dense(1, name="out")(h), name="pooled_dlrm")
 
 
+def build_wide(dim_a=16, dim_b=16):
+    """The tiny model with tables 16 (and 16 or 32) floats wide: rows of a
+    multiple of 64 bytes, whose Adagrad update the shard splits."""
+    a = tf.keras.Input((3,), dtype="int64", name="ids_a")
+    b = tf.keras.Input((1,), dtype="int64", name="ids_b")
+    x = tf.keras.Input((5,), name="x")
+    ea = tf.keras.layers.Embedding(ROWS_A, dim_a, name="emb_a")(a)
+    eb = tf.keras.layers.Embedding(ROWS_B, dim_b, name="emb_b")(b)
+    h = tf.keras.layers.Concatenate(name="cat")([tf.keras.layers.Flatten(name="fa")(ea),
+                                                 tf.keras.layers.Flatten(name="fb")(eb), x])
+    h = tf.keras.layers.Dense(8, activation="relu", name="hidden")(h)
+    return tf.keras.Model([a, b, x], tf.keras.layers.Dense(1, name="out")(h), name="wide_dlrm")
+
+
+SPLIT_CASES = {"adagrad_16": ("adagrad", build_wide),
+               "adagrad_16_32": ("adagrad", lambda: build_wide(16, 32)),
+               "sgd_4_3": ("sgd", build_model)}
+
+
 def builder(kind):
     """The pooled model (tables of one width: the shards' and sparse trainers'
     one-width path) in "pooled", and for Adam in "multi" (two shards)."""
@@ -87,8 +113,8 @@ OPTS = {"sgd": lambda: tf.keras.optimizers.SGD(0.1),
         "adam": lambda: tf.keras.optimizers.Adam(0.01)}
 
 
-def reference(init, kind):
-    model = builder(kind)()
+def reference(init, kind, build=None):
+    model = (build or builder(kind))()
     model.set_weights(init)
     opt, loss_fn = OPTS[kind](), tf.keras.losses.BinaryCrossentropy(from_logits=True)
 
@@ -221,6 +247,39 @@ if MODE in ("exact", "multi", "pooled"):
     report["after_bad_id"] = "ok"
     trainer.close()
     with open(os.path.join(OUT, "exact_rank%d.json" % rank), "w") as f:
+        json.dump(report, f, indent=1)
+    hvd.shutdown()
+
+elif MODE == "split":
+    report = {"role": roles.role(rank)}
+    for case, (kind, build) in SPLIT_CASES.items():
+        tf.keras.utils.set_random_seed(3)
+        model = build()
+        init = model.get_weights()
+        trainer = HeterTrainer(model, tf.keras.losses.BinaryCrossentropy(from_logits=True),
+                               OPTS[kind](), roles)
+        losses = trainer.fit(batches(7))
+        ref, ref_slots = reference(init, kind, build)
+        checks = {"keys_exchanges": trainer.exchange_counts["keys"]}
+        if trainer.role == "ps":
+            checks["dim"] = trainer.shard.dim
+            parts_before_state = dict(trainer.shard.apply_parts)
+            st = trainer.shard.state()
+            checks["parts"] = parts_before_state
+            checks["steps"] = st["step"]
+            for t, entry in st["tables"].items():
+                full = ref.get_layer(t).embeddings.numpy()
+                checks[t] = compare(entry["rows"], full[entry["ids"]])
+                for s, var in ref_slots.get(t, {}).items():
+                    checks[t + "/" + s] = compare(entry[s], var.numpy()[entry["ids"]])
+        elif trainer.role == "dense":
+            want = {v.name: v.numpy() for v in ref.trainable_variables}
+            for name, value in trainer.dense_weights().items():
+                checks[name] = compare(value, want[name])
+            checks["losses_finite"] = bool(np.all(np.isfinite(losses)))
+        report[case] = checks
+    trainer.close()
+    with open(os.path.join(OUT, "split_rank%d.json" % rank), "w") as f:
         json.dump(report, f, indent=1)
     hvd.shutdown()
 
