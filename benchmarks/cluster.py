@@ -19,8 +19,9 @@ comma-separated list: an implementation first -- ``horovod``, ``prio``
 (horovod_prio alone) or ``arb`` (horovod_prio asking the arbiter) -- then any of
 ``class=N`` (HOROVOD_PRIO_JOB_PRIORITY, the job's class at the arbiter; arb
 only), ``nice=N`` (every thread of the job at nice N, -20..19, in every variant:
-HOROVOD_PRIO_CPU_NICE for prio/arb, the workload's ``--nice`` for plain Horovod), ``start=S`` (released S seconds after the other jobs' common start: a
-job joining later), ``steps=N``, ``batch=N``, ``model=`` one of --model's choices,
+HOROVOD_PRIO_CPU_NICE for prio/arb, the workload's ``--nice`` for plain Horovod),
+``start=S`` (released S seconds after the other jobs' common start: a job joining
+later), ``steps=N``, ``batch=N``, ``model=`` one of --model's choices,
 ``overlap`` (``model = hvd.overlap(model)``: barrier crossing; prio/arb only, kept
 in the ``prio`` variant) and ``HOROVOD_PRIO_<X>=V`` (extra environment of a
 prio/arb job).

@@ -316,7 +316,8 @@ class PriorityConfig:
         "tape or trainer sets the process up: a lower-class job that shares hosts with a "
         "higher class gives it the CPU the way the arbiter gives it the link (e.g. `19`), with "
         "the session's autogroup; a value below the current one without CAP_SYS_NICE is "
-        "refused: one warning ([arbiter.md](arbiter.md#the-cpu-beside-the-link))", process=True, shown="unset")
+        "refused: one warning ([arbiter.md](arbiter.md#the-cpu-beside-the-link))",
+        process=True, shown="unset")
     overlap: Optional[bool] = _knob(
         None, _unit(units.parse_bool),
         "barrier crossing: unset = as `hvd.overlap(...)` says, `0` = `hvd.overlap` is a "
