@@ -380,6 +380,12 @@ def _vm_hwm() -> int:
     return 0
 
 
+def _cpu_seconds() -> float:
+    """This process's CPU time so far, every thread, user + system."""
+    t = os.times()
+    return t.user + t.system
+
+
 def worker(system: str, cfg: dict, out_dir: str) -> int:
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     import socket
@@ -392,7 +398,7 @@ def worker(system: str, cfg: dict, out_dir: str) -> int:
     n = cfg["warmup"] + cfg["steps"]
     loss_fn = tf.keras.losses.BinaryCrossentropy(from_logits=True)
     rec = {"system": system, "host": socket.gethostname(), "threads": threads}
-    ends = []
+    ends, cpu0 = [], None
     if system == "heter":
         from horovod_prio.heter import placement, roles as roles_mod
         from horovod_prio.heter.trainer import HeterTrainer
@@ -423,9 +429,11 @@ def worker(system: str, cfg: dict, out_dir: str) -> int:
                     waits[what] = waits.get(what, 0.0) + time.perf_counter() - t
         trainer._alltoall = timed
         for s in range(n):           # looking one batch ahead, as trainer.fit() does
+            cpu0 = _cpu_seconds() if s == cfg["warmup"] else cpu0
             x, y = pool[s % len(pool)]
             trainer.step(x, y, next_inputs=pool[(s + 1) % len(pool)][0] if s + 1 < n else None)
             ends.append(time.time())
+        rec["cpu_s_per_step"] = (_cpu_seconds() - cpu0) / cfg["steps"]
         rec["exchange_s_per_step"] = {k: v / cfg["steps"] for k, v in waits.items()}
         trainer.close()
     else:
@@ -450,9 +458,11 @@ def worker(system: str, cfg: dict, out_dir: str) -> int:
         local = [({k: tf.constant(v[lo:hi]) for k, v in x.items()}, tf.constant(y[lo:hi]))
                  for x, y in pool]
         for s in range(n):
+            cpu0 = _cpu_seconds() if s == cfg["warmup"] else cpu0
             x, y = local[s % len(local)]
             step(x, y).numpy()
             ends.append(time.time())
+        rec["cpu_s_per_step"] = (_cpu_seconds() - cpu0) / cfg["steps"]
         hvd.allreduce(np.zeros(1, np.float32), name="plain.close")
     rec.update(rank=hvd.rank(), size=hvd.size(), step_ends=ends, vm_hwm=_vm_hwm())
     with open(os.path.join(out_dir, f"{system}_rank{hvd.rank()}.json"), "w") as f:
@@ -494,7 +504,8 @@ def summarize_run(ranks: list[dict], samples: list[dict], steps: int, warmup: in
     for r in ranks:
         rss.setdefault(r["role"], []).append(r["vm_hwm"])
     out["peak_rss_by_role"] = {k: max(v) for k, v in rss.items()}
-    out["ranks"] = [{k: r[k] for k in ("rank", "role", "host", "vm_hwm", "rss_after_init")}
+    out["ranks"] = [{k: r[k] for k in ("rank", "role", "host", "vm_hwm", "rss_after_init",
+                                        "cpu_s_per_step") if k in r}
                     for r in ranks]
     waits = {}
     for r in ranks:
@@ -507,6 +518,29 @@ def summarize_run(ranks: list[dict], samples: list[dict], steps: int, warmup: in
     if pool_ops:
         out["placement_of_pool0"] = pool_ops[0]
     return out
+
+
+def cpu_floor(ranks: list[dict], hosts: dict) -> dict | None:
+    """The step time the hosts' CPU quotas allow: per host, the CPU seconds
+    its ranks spent per timed step (every thread, user + system) over the
+    cores its cgroup grants (``hosts``: name -> {"limits": {"cpu": cores}});
+    the floor is the largest, on the busiest host. A host with no CPU
+    limit counts the machine's cores. None without the ranks' CPU times."""
+    per = {}
+    for r in ranks:
+        if r.get("cpu_s_per_step") is None:
+            return None
+        per[r["host"]] = per.get(r["host"], 0.0) + r["cpu_s_per_step"]
+    if not per:
+        return None
+    cores = {}
+    for h in per:
+        lim = (hosts.get(h) or {}).get("limits") or {}
+        cores[h] = lim.get("cpu") or os.cpu_count()
+    by_host = {h: per[h] / cores[h] for h in per}
+    busiest = max(by_host, key=by_host.get)
+    return {"s_per_step": by_host[busiest], "host": busiest,
+            "cpu_s_per_step_by_host": per, "cores": cores}
 
 
 def median_ratio(pairs: list[tuple[float, float]]) -> dict | None:
@@ -533,6 +567,10 @@ def summarize(results: dict) -> dict:
                       "fabric_bytes_per_step"):
                 vals = [r[k] for r in ok if r.get(k) is not None]
                 row[sysname][k] = statistics.median(vals) if vals else None
+            floors = [r["cpu_floor"] for r in ok if r.get("cpu_floor")]
+            row[sysname]["cpu_floor_s_per_step"] = \
+                statistics.median(f["s_per_step"] for f in floors) if floors else None
+            row[sysname]["cpu_floor_hosts"] = sorted({f["host"] for f in floors})
             roles = {}
             for r in ok:
                 for role, v in r.get("peak_rss_by_role", {}).items():
@@ -625,6 +663,27 @@ def render_md(results: dict) -> str:
             f"| {_gib(p['peak_rss_by_role'].get('replica'))} "
             f"| {_gib(hr.get('ps'))} / {_gib(hr.get('sparse'))} / {_gib(hr.get('dense'))} "
             f"| {p['runs_ok']}/{p['runs']}, {h['runs_ok']}/{h['runs']} |")
+    floors = [(rate, row) for rate, row in summ.items()
+              if row["heter"].get("cpu_floor_s_per_step") is not None]
+    if floors:
+        lines += ["", "Step time against the CPU floor (the busiest host's CPU seconds per step "
+                      "over its cores; medians over repeats). Where a system's step is near its "
+                      "floor, its hosts' CPU, not the link, sets its pace; heter/plain cannot "
+                      "exceed plain's step over heter's floor.", "",
+                  "| link rate | plain s/step | plain CPU floor (host) | heter s/step "
+                  "| heter CPU floor (host) | heter/plain at heter's floor |",
+                  "|---|---|---|---|---|---|"]
+        for rate, row in floors:
+            p, h = row["plain"], row["heter"]
+            best = (p["s_per_step"] / h["cpu_floor_s_per_step"]
+                    if p["s_per_step"] and h["cpu_floor_s_per_step"] else None)
+            lines.append(
+                f"| {rate} | {_fmt(p['s_per_step'], '{:.3f}')} "
+                f"| {_fmt(p.get('cpu_floor_s_per_step'), '{:.3f}')} "
+                f"({', '.join(p.get('cpu_floor_hosts') or []) or '–'}) "
+                f"| {_fmt(h['s_per_step'], '{:.3f}')} "
+                f"| {_fmt(h['cpu_floor_s_per_step'], '{:.3f}')} "
+                f"({', '.join(h['cpu_floor_hosts'])}) | {_fmt(best, '{:.2f}×')} |")
     cap = [r for r in results["runs"] if r["scenario"] == "cap"]
     if cap:
         lines += ["", f"Memory cap: b1 (the dense trainer's host) limited to "
@@ -814,6 +873,7 @@ def execute_run(system: str, rate: str, scenario: str, repeat: int, a, cfg: dict
             rec["error"] = f"roles landed on hosts {where}, expected {layout['where']}"
     if rec["status"] == "ok":
         rec.update(summarize_run(ranks, samples, cfg["steps"], cfg["warmup"], cfg["batch"]))
+        rec["cpu_floor"] = cpu_floor(ranks, rec["hosts"])
     elif rec["error"] is None:
         tail = log.read_text(errors="replace")[-2000:] if log.exists() else ""
         lines = [ln for ln in tail.splitlines() if "Error" in ln or "Killed" in ln

@@ -264,3 +264,35 @@ def test_run_summary_keeps_each_roles_time_per_exchange():
     assert set(got) == {"sparse", "ps"}
     assert got["sparse"]["keys"] == pytest.approx(0.2) and got["sparse"]["rows"] == pytest.approx(0.2)
     assert got["ps"] == {"keys": 0.2}
+
+
+def test_cpu_floor_is_the_busiest_hosts_cpu_over_its_cores():
+    ranks = [{"host": "a1", "cpu_s_per_step": 0.08}, {"host": "a1", "cpu_s_per_step": 0.07},
+             {"host": "a2", "cpu_s_per_step": 0.06}, {"host": "b1", "cpu_s_per_step": 0.4}]
+    hosts = {"a1": {"limits": {"cpu": 0.5}}, "a2": {"limits": {"cpu": 0.5}},
+             "b1": {"limits": {"cpu": 2.0}}}
+    f = hd.cpu_floor(ranks, hosts)
+    # a1: two ranks' 0.15 CPU-s on half a core; b1 uses more CPU but has four times the cores
+    assert f["host"] == "a1" and f["s_per_step"] == pytest.approx(0.3)
+    assert f["cpu_s_per_step_by_host"]["b1"] == pytest.approx(0.4)
+    # no limit: the machine's cores
+    f = hd.cpu_floor([{"host": "x", "cpu_s_per_step": 1.0}], {"x": {"limits": None}})
+    assert f["s_per_step"] == pytest.approx(1.0 / os.cpu_count())
+    assert hd.cpu_floor([{"host": "a1"}], hosts) is None
+
+
+def test_the_table_shows_each_systems_cpu_floor(tmp_path):
+    res = _results()
+    for r in res["runs"]:
+        if r["status"] == "ok":
+            r["cpu_floor"] = {"s_per_step": 0.5 * r["s_per_step"] if r["system"] == "plain"
+                              else 2.0, "host": "b1" if r["system"] == "plain" else "a1"}
+    s = hd.summarize(res)
+    assert s["300mbit"]["heter"]["cpu_floor_s_per_step"] == 2.0
+    assert s["300mbit"]["heter"]["cpu_floor_hosts"] == ["a1"]
+    hd.write_outputs(res, tmp_path)
+    md = (tmp_path / "results.md").read_text()
+    row = [ln for ln in md.splitlines() if ln.startswith("| 300mbit | 10.240")]
+    # plain's median step 512/50 s, its floor half of that on b1; heter's floor 2 s on a1:
+    # heter/plain at most 10.24 / 2.0
+    assert row and "| 5.120 (b1) |" in row[0] and "| 2.000 (a1) | 5.12× |" in row[0]
