@@ -26,7 +26,10 @@ on the shared window, or, in a run where a job joins later, on the first
 job's steps alone.
 Every horovod_prio variant is then a prediction. Compared per job: the median
 step time while all jobs ran (and, for a job joining later, the first job's
-steps before it joined). Written to ``DIR/sim_check.md`` / ``.json``
+steps before it joined). Where the runs recorded their rank-0 trace's arbiter
+waits, the model's grant waits go beside them, read the same way (union of
+request -> grant over the job's measured steps, per step; the longest: the
+``waits`` of :func:`check`). Written to ``DIR/sim_check.md`` / ``.json``
 (``--no-write``: printed only, e.g. to try other costs).
 
 ``--calibrate ALONE`` measures the simulator's two job-side costs on another

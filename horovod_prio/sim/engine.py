@@ -54,7 +54,9 @@ Model (see docs/sim.md for the discussion):
   arbiter before the completion does. ``arbiter_rtt`` (default 0) is the
   job-to-arbiter round trip: a request and a completion reach the arbiter
   half of it after the job sent them, a grant reaches the job half of it
-  after the arbiter decided.
+  after the arbiter decided. Each job's waits (request sent -> grant
+  received, as the product's trace spans them) are in
+  ``SimResult.grant_waits``.
 * **Barrier crossing** (``JobSpec.overlap``, priority modes): as
   ``hvd.overlap`` - the next call starts when the backward pass ends and its
   forward reaches layer i only once layer i's chunks of the previous step are
