@@ -53,6 +53,11 @@ from .harness import REPO, Progress, check_prio_available, git_rev, positive_int
 FORMAT = "horovod_prio.headline/1"
 AA_CONTROL = "aa"
 CALIBRATION = "sim-calibration"
+#: a calibration run from another sweep applies to a folder only if plain Horovod's step of
+#: one job alone agrees within this fraction: the job-side costs are CPU time, and boots of
+#: this box measured 0.270 and 0.360 s/step for the same job (the costs 1.5 and 11.1 ms
+#: per collective); the A/A spread within a sweep is under 3 %
+SAME_BOX = 0.05
 
 
 # ---------------------------------------------------------------- the matrix
@@ -427,13 +432,17 @@ def sim_check_scenario(meta: dict, records: list[dict], **kw) -> tuple[dict | No
         return None, f"simulator check failed: {e}"
 
 
-def calibration_for(meta: dict, alone: dict | None, **kw) -> tuple[dict, str]:
+def calibration_for(meta: dict, alone: dict | None, hvd_alone_s: float | None = None,
+                    **kw) -> tuple[dict, str]:
     """The job-side costs (``sim_check.calibrate``, the per-collective overhead
     measured on the chunks' time in flight) of ``alone`` -- a ``benchmarks.cluster``
     run of one arb job with the variants hvd, prio, spec -- for a cluster scenario
     of ``meta`` run on the same link, model, batch, transport and pinning; ``({},
     reason)`` when there is none or it does not match. ``kw`` (``measured``,
-    ``comm``) goes to ``calibrate`` for compact runs (:func:`compact_measured`)."""
+    ``comm``) goes to ``calibrate`` for compact runs (:func:`compact_measured`).
+    ``hvd_alone_s``: the scenario's plain-Horovod step of one job alone, for a
+    calibration run of another sweep: its costs apply only if its own plain-Horovod
+    step agrees within :data:`SAME_BOX` (the same box at the same speed)."""
     if alone is None:
         return {}, "not calibrated: no run of one job alone to measure the job-side costs on"
     am = alone["meta"]
@@ -449,6 +458,13 @@ def calibration_for(meta: dict, alone: dict | None, **kw) -> tuple[dict, str]:
         cal = sim_check.calibrate(alone, load_profile(str(prof)), overhead=None, **kw)
     except (OSError, ValueError) as e:
         return {}, f"not calibrated: {e}"
+    if hvd_alone_s:
+        off = cal["measured"]["hvd"] / hvd_alone_s - 1.0
+        if abs(off) > SAME_BOX:
+            return {}, (f"not calibrated: plain Horovod alone took {cal['measured']['hvd']:.3f} "
+                        f"s/step in the calibration run, {off:+.0%} off this run's "
+                        f"{hvd_alone_s:.3f} (a box at another speed; its job-side costs "
+                        f"apply within {SAME_BOX:.0%})")
     return {"overhead": cal["collective_overhead"], "rtt": cal["arbiter_rtt"],
             "step": cal["step_cost"]}, ""
 
@@ -545,7 +561,10 @@ def resim(folder, calibrate=None) -> dict:
         together = all(float(d.get("start") or 0) == 0 for d in meta["jobs"])
         if together and len(meta["jobs"]) > 1 and not phases:
             notes.append(f"{key}: no phases recorded; its jobs are simulated 0.5 ms apart")
-        costs, why[key] = calibration_for(meta, alone, **cal_kw)
+        # another sweep's calibration run: only on a box at the same speed (job 0 alone)
+        hvd0 = ((measured.get("hvd") or [{}])[0].get("alone") if calibrate is not None
+                else None)
+        costs, why[key] = calibration_for(meta, alone, hvd_alone_s=hvd0, **cal_kw)
         checks[key] = sim_check_scenario(meta, [], measured=measured, phases=phases, **costs)
     rows = []
     recorded = {r["title"]: r.get("sim") or {} for r in res.get("rows") or []}

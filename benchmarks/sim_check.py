@@ -26,7 +26,10 @@ on the shared window, or, in a run where a job joins later, on the first
 job's steps alone.
 Every horovod_prio variant is then a prediction. Compared per job: the median
 step time while all jobs ran (and, for a job joining later, the first job's
-steps before it joined). Written to ``DIR/sim_check.md`` / ``.json``
+steps before it joined). Where the runs recorded their rank-0 trace's arbiter
+waits, the model's grant waits go beside them, read the same way (union of
+request -> grant over the job's measured steps, per step; the longest: the
+``waits`` of :func:`check`). Written to ``DIR/sim_check.md`` / ``.json``
 (``--no-write``: printed only, e.g. to try other costs).
 
 ``--calibrate ALONE`` measures the simulator's two job-side costs on another
@@ -64,6 +67,7 @@ from horovod_prio.sim.engine import JobSpec, LinkConfig, simulate
 from horovod_prio.sim.profiles import Profile, load_profile
 
 from . import report, testbed
+from .traces import union_length
 from .harness import git_rev
 
 _MODE = {"hvd": "fifo", "prio": "priority", "spec": None}
@@ -109,6 +113,36 @@ def run_comm_s(run: dict) -> float | None:
     aw = (run.get("arbiter_waits") or {}).get(j["name"]) or {}
     n = len(report.measured_steps(j))
     return aw["allreduce_union_s"] / n if aw.get("allreduce_union_s") is not None and n else None
+
+
+def run_waits(run: dict) -> list[dict | None]:
+    """One run's arbiter grant waits per job: ``{"wait": union of the job's request ->
+    grant spans over its measured steps / those steps, "max": its longest wait}``
+    (rank-0 trace, ``arbiter_waits``), or None for a job that recorded none."""
+    out = []
+    for j in run.get("jobs") or []:
+        aw = (run.get("arbiter_waits") or {}).get(j["name"]) or {}
+        n = len(report.measured_steps(j))
+        if not aw.get("chunks") or not n:
+            out.append(None)
+            continue
+        out.append({"wait": aw["wait_union_s"] / n, "max": aw["wait_max_ms"] / 1e3})
+    return out
+
+
+def _measured_waits(results: dict) -> dict:
+    """variant -> per job the median over its repeats of :func:`run_waits` (None
+    where not recorded)."""
+    out = {}
+    for v in results["meta"].get("variants") or []:
+        per = [run_waits(r) for r in results["runs"]
+               if r.get("variant") == v and r.get("status") == "ok"]
+        if not per or not any(w for p in per for w in p):
+            continue
+        out[v] = [None if not any(p[i] for p in per) else
+                  {k: _med([p[i][k] for p in per if p[i]]) for k in ("wait", "max")}
+                  for i in range(len(per[0]))]
+    return out
 
 
 def phase_fractions(run: dict) -> list[float] | None:
@@ -190,7 +224,15 @@ def _sim_stats(r, jobs, warmup):
         win = (lo, hi) if hi > lo else None
     out = []
     for i, st in enumerate(steps):
-        comm = None
+        comm = wait = wmax = None
+        gw = r.grant_waits[i] if i < len(r.grant_waits) else []
+        if st and gw:
+            # as the testbed's trace summary: request -> grant spans inside the job's
+            # measured steps, their union per measured step, the longest
+            inside = [(a, b) for a, b, _ in gw if a >= st[0][0] and b <= st[-1][1] + 0.01]
+            if inside:
+                wait = union_length(inside) / len(st)
+                wmax = max(b - a for a, b in inside)
         if st and i < len(r.comm_spans):
             lo, hi = st[0][0], st[-1][1]
             comm = sum(max(0.0, min(b, hi) - max(a, lo)) for a, b in r.comm_spans[i]) / len(st)
@@ -199,7 +241,8 @@ def _sim_stats(r, jobs, warmup):
             al = [e - s for s, e in st if e <= win[0] + 1e-9 or s >= win[1] - 1e-9]
         else:
             sh, al = [e - s for s, e in st], []
-        out.append({"shared": _med(sh), "alone": _med(al), "comm": comm})
+        out.append({"shared": _med(sh), "alone": _med(al), "comm": comm, "wait": wait,
+                    "wait_max": wmax})
     return out
 
 
@@ -280,6 +323,8 @@ def _runner(results, profile, pcfg, phases=None):
         return [{"shared": _med([rp[i]["shared"] for rp in reps]),
                  "alone": _med([rp[i]["alone"] for rp in reps]),
                  "comm": _med([rp[i]["comm"] for rp in reps]),
+                 "wait": _med([rp[i]["wait"] for rp in reps]),
+                 "wait_max": _med([rp[i]["wait_max"] for rp in reps]),
                  "phase": [rp[i]["phase"] for rp in reps]} for i in range(len(reps[0]))]
     return run
 
@@ -397,9 +442,15 @@ def check(results: dict, profile: Profile, pcfg: PriorityConfig | None = None,
                            kw=lambda x: {"k": x, "overhead": overhead},
                            window="alone" if joined else None),
                 0.05, 20.0, geometric=True)
-    rows, sim_phases = [], {}
+    rows, sim_phases, waits = [], {}, []
+    mwaits = _measured_waits(results) if results.get("runs") else {}
     for v, meas in measured.items():
         sim = run(v, k, overhead, rtt, step)
+        for i, (m, s) in enumerate(zip(mwaits.get(v) or [], sim)):
+            if m and s["wait"] is not None:
+                waits.append({"variant": v, "job": i, "measured_s": m["wait"],
+                              "sim_s": s["wait"], "max_measured_s": m["max"],
+                              "max_sim_s": s["wait_max"]})
         if v in phases:
             sim_phases[v] = [s.get("phase") for s in sim]     # per job, per repeat
         for i, (m, s) in enumerate(zip(meas, sim)):
@@ -412,7 +463,8 @@ def check(results: dict, profile: Profile, pcfg: PriorityConfig | None = None,
     return {"compute_scale": k, "compute_scale_fitted": fit, "phases": phases,
             "sim_phases": sim_phases,
             "collective_overhead": overhead, "arbiter_rtt": rtt, "step_cost": step,
-            "rows": rows, "command": meta.get("command"), "git": meta.get("git"),
+            "rows": rows, "waits": waits, "command": meta.get("command"),
+            "git": meta.get("git"),
             "date": meta.get("date")}
 
 
@@ -482,6 +534,15 @@ def markdown(res: dict) -> str:
         lines.append("| %s%s | %d | %s | %.3f | %.3f | %+.1f%% |" % (
             r["variant"], " (fitted)" if r["fitted"] else "", r["job"], r["window"],
             r["measured_s"], r["sim_s"], 100 * r["error"]))
+    if res.get("waits"):
+        lines += ["", "Arbiter grant waits (request -> grant; testbed: the job's rank-0 trace): "
+                  "their union over the job's measured steps per step, and the longest.", "",
+                  "| variant | job | testbed wait s/step | simulator wait s/step "
+                  "| testbed longest s | simulator longest s |", "|---|---|---|---|---|---|"]
+        for w in res["waits"]:
+            lines.append("| %s | %d | %.3f | %.3f | %.3f | %.3f |" % (
+                w["variant"], w["job"], w["measured_s"], w["sim_s"], w["max_measured_s"],
+                w["max_sim_s"]))
     return "\n".join(lines) + "\n"
 
 

@@ -54,7 +54,9 @@ Model (see docs/sim.md for the discussion):
   arbiter before the completion does. ``arbiter_rtt`` (default 0) is the
   job-to-arbiter round trip: a request and a completion reach the arbiter
   half of it after the job sent them, a grant reaches the job half of it
-  after the arbiter decided.
+  after the arbiter decided. Each job's waits (request sent -> grant
+  received, as the product's trace spans them) are in
+  ``SimResult.grant_waits``.
 * **Barrier crossing** (``JobSpec.overlap``, priority modes): as
   ``hvd.overlap`` - the next call starts when the backward pass ends and its
   forward reaches layer i only once layer i's chunks of the previous step are
@@ -186,6 +188,9 @@ class SimResult:
     #: per job: [(start, end)] while it had a tensor or chunk handed to Horovod and
     #: not reduced (in the product's trace: the union of its "allreduce" spans)
     comm_spans: List[List[tuple]] = field(default_factory=list)
+    #: per job: [(request sent, grant received, chunk bytes)] of every chunk it asked
+    #: the arbiter for (in the product's trace: its "arbiter" spans, request -> grant)
+    grant_waits: List[List[tuple]] = field(default_factory=list)
     arbiter_grants: int = 0
     starvation_grants: int = 0
 
@@ -384,6 +389,8 @@ class _Job:
             if arbiter is not None:
                 self.sched.set_external_grant(True)
             self.ticket_bytes: Dict[int, int] = {}
+        self.requested: Dict[int, float] = {}    # ticket -> when its request was sent
+        self.grant_waits: List[tuple] = []
         self.served_log: List[tuple] = []
         self.overlap = bool(spec.overlap)
         if self.overlap:
@@ -577,12 +584,15 @@ class _Job:
         """Move what the scheduler decided: requests to the arbiter, releases to Horovod."""
         if self.arbiter is not None:
             for ticket, prio, size in self.sched.take_requests():
+                self.requested[ticket] = self.sim.now
                 self.arbiter.request(self, ticket, prio, size, self.step + 1)
         for ticket in self.sched.take_released():
             size, prio = self.ticket_bytes[ticket]
             self.submit((size, prio, ticket))
 
     def granted(self, ticket):
+        self.grant_waits.append((self.requested.pop(ticket), self.sim.now,
+                                 self.ticket_bytes[ticket][0]))
         self.sched.grant(ticket)
         self._pump()
 
@@ -707,7 +717,8 @@ def simulate(jobs: Sequence[JobSpec], mode: str, link: Optional[LinkConfig] = No
     pev = [[e.as_dict() for e in j.policy.events] if j.policy is not None else [] for j in js]
     label = mode + "+overlap" if any(j.overlap for j in jobs) else mode
     res = SimResult(label, list(jobs), records, ln.busy_s, makespan, sim.events, pev,
-                    [j.served_log for j in js], [j.comm_spans for j in js])
+                    [j.served_log for j in js], [j.comm_spans for j in js],
+                    [j.grant_waits for j in js])
     if arb is not None:
         res.arbiter_grants, res.starvation_grants = arb.grants, arb.starvation_grants
     return res

@@ -432,6 +432,30 @@ def test_the_sweeps_calibration_gives_the_simulator_its_job_side_costs(tmp_path,
     assert "argument --resim: cannot re-check" in capsys.readouterr().err
 
 
+def test_a_calibration_run_of_another_sweep_applies_only_on_a_box_at_the_same_speed(
+        monkeypatch):
+    """The job-side costs are CPU time: a calibration run whose plain Horovod alone
+    stepped 32 % slower (or 10 % faster) than the folder's (another boot of the box)
+    is refused with both numbers named; within 5 % (or with no alone time to compare)
+    it applies."""
+    from benchmarks import sim_check
+    meta = {"rate": "1gbit", "model": "mlp", "batch": 64, "transport": "gloo", "pin": "job"}
+    alone = {"meta": dict(meta), "runs": []}
+    monkeypatch.setattr(sim_check, "calibrate", lambda *a, **k: {
+        "collective_overhead": 0.011, "arbiter_rtt": 0.0, "step_cost": 0.0,
+        "measured": {"hvd": 0.360, "prio": 0.37, "spec": 0.38}})
+    costs, why = h.calibration_for(meta, alone, hvd_alone_s=0.272)
+    assert costs == {} and why == (
+        "not calibrated: plain Horovod alone took 0.360 s/step in the calibration run, "
+        "+32% off this run's 0.272 (a box at another speed; its job-side costs apply "
+        "within 5%)")
+    assert h.calibration_for(meta, alone, hvd_alone_s=0.40)[1].startswith(
+        "not calibrated: plain Horovod alone took 0.360 s/step in the calibration run, -10% off")
+    for same in (0.35, None):
+        costs, why = h.calibration_for(meta, alone, hvd_alone_s=same)
+        assert why == "" and costs == {"overhead": 0.011, "rtt": 0.0, "step": 0.0}
+
+
 def test_a_calibration_run_applies_only_to_its_own_link_model_batch_and_pinning():
     meta = {"rate": "1gbit", "model": "mlp", "batch": 64, "transport": "gloo", "pin": "job"}
     alone = {"meta": dict(meta, rate="400mbit", pin="rack"), "runs": []}

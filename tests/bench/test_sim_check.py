@@ -273,6 +273,46 @@ def test_a_join_run_fits_the_compute_scale_on_the_first_job_alone():
     assert shared and all(r["error"] < -0.1 for r in shared), shared
 
 
+def test_the_grant_waits_of_a_class0_job_are_compared_with_the_testbeds():
+    """A class-1 job and a class-0 job joining it, the "testbed" made by the simulator
+    with its grant waits recorded as the runner's trace summary does (request ->
+    grant spans inside the job's measured steps: union per step, longest). The check
+    puts the model's waits beside them, measured the same way: they agree, the
+    class-0 job waits far longer than the class-1 job, and the markdown has the
+    table. A run that recorded no waits gets none."""
+    from benchmarks.traces import union_length
+    prof, warmup = _toy(), 2
+    link = LinkConfig(bandwidth=1e9 / 8, topology="nic")
+    specs = [JobSpec(prof, 2, 30 + warmup, name="job0", job_class=1),
+             JobSpec(prof, 2, 6 + warmup, start=0.5, name="job1", seed=1, job_class=0)]
+    pcfg = PriorityConfig.from_env({})
+    runs = [fake_run("hvd", simulate(specs, "fifo", link), warmup)]
+    sim = simulate(specs, "adaptive", link, pcfg)
+    runs.append(fake_run("spec", sim, warmup))
+    for i, j in enumerate(runs[1]["jobs"]):
+        lo, hi = j["steps"][warmup]["t_start"], j["steps"][-1]["t_end"] + 0.01
+        sp = [(a, b) for a, b, _ in sim.grant_waits[i] if a >= lo and b <= hi]
+        runs[1]["arbiter_waits"][j["name"]].update(
+            chunks=len(sp), wait_union_s=union_length(sp),
+            wait_max_ms=1e3 * max(b - a for a, b in sp))
+    meta = _meta(2, ["hvd", "spec"], warmup, 30)
+    meta["jobs"] = [dict(meta["jobs"][0], steps=30, **{"class": 1}),
+                    dict(meta["jobs"][0], steps=6, start=0.5, **{"class": 0})]
+    res = sim_check.check({"meta": meta, "runs": runs}, prof, pcfg)
+    assert [(w["variant"], w["job"]) for w in res["waits"]] == [("spec", 0), ("spec", 1)]
+    for w in res["waits"]:
+        assert w["sim_s"] == pytest.approx(w["measured_s"], rel=0.02)
+        assert w["max_sim_s"] == pytest.approx(w["max_measured_s"], rel=0.02)
+    hi, lo = res["waits"]
+    assert lo["measured_s"] > 2 * hi["measured_s"] and lo["max_measured_s"] > 2 * hi[
+        "max_measured_s"], res["waits"]
+    assert "| spec | 1 | %.3f | %.3f |" % (lo["measured_s"], lo["sim_s"]) in \
+        sim_check.markdown(res)
+    for r in runs:
+        r["arbiter_waits"] = {k: dict(v, chunks=0) for k, v in r["arbiter_waits"].items()}
+    assert sim_check.check({"meta": meta, "runs": runs}, prof, pcfg)["waits"] == []
+
+
 def _steps_run(starts_per_job, period, start_attr=None):
     jobs = []
     for i, t0 in enumerate(starts_per_job):
