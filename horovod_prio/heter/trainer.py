@@ -779,6 +779,16 @@ class HeterTrainer:
         self._dense_apply(grads)
         return float(loss.numpy())
 
+    def drop_look_ahead(self):
+        """Forget the next batch the last step was told (every rank calls
+        this, as :func:`horovod_prio.heter.checkpoint.restore` does, so every
+        rank's next step takes the same path): a shard first applies the rest
+        of a split push it kept back, to the state it belongs to; the next
+        step sends its keys as usual."""
+        if self.role == "ps":
+            self.shard.flush()
+        self._ahead = self._pending = None
+
     def close(self):
         """A barrier over every rank; call it before ``hvd.shutdown()`` or the
         end of the script. A rank's part of the last step ends before the

@@ -21,6 +21,11 @@
                                     model; vs single-process training, with
                                     the shard's apply parts
                                     (OUT_DIR/split_rank<r>.json)
+    heter_worker.py OUT_DIR restore a restore while the trainer looks one batch
+                                    ahead (Adagrad, 16-wide tables: a split
+                                    push's rest kept back), then the announced
+                                    batch, vs a fresh trainer restored from the
+                                    same checkpoint (OUT_DIR/restore_rank<r>.json)
     heter_worker.py OUT_DIR memory  the model built with placeholder tables
                                     (larger tables, 2 shards): a few steps, then
                                     every rank reports the bytes of the
@@ -280,6 +285,60 @@ elif MODE == "split":
         report[case] = checks
     trainer.close()
     with open(os.path.join(OUT, "split_rank%d.json" % rank), "w") as f:
+        json.dump(report, f, indent=1)
+    hvd.shutdown()
+
+elif MODE == "restore":
+    # Adagrad on 16-wide tables (the shard splits each push around the next
+    # rows): steps looking one batch ahead, a checkpoint, two more steps, the
+    # last told the next batch X (the shard keeps a rest back, every rank
+    # holds X's keys), a restore -- then X and one more batch, against a
+    # fresh trainer restored from the same checkpoint taking the same steps
+    from horovod_prio.heter import checkpoint
+    ckpt, data = os.path.join(OUT, "ckpt"), list(batches(7))
+
+    def fresh_trainer(seed):
+        tf.keras.utils.set_random_seed(seed)
+        return HeterTrainer(build_wide(), tf.keras.losses.BinaryCrossentropy(from_logits=True),
+                            OPTS["adagrad"](), roles)
+
+    def continue_from_checkpoint(t):
+        """Restore, then X (told the batch after it), then that batch."""
+        report.setdefault("restored_step", []).append(checkpoint.restore(t, ckpt))
+        report.setdefault("ahead_after_restore", []).append(t._ahead is not None)
+        keys = t.exchange_counts["keys"]
+        losses = [t.step(*data[6], next_inputs=data[7][0]), t.step(*data[7])]
+        report.setdefault("keys_after_restore", []).append(t.exchange_counts["keys"] - keys)
+        return losses
+
+    report = {"role": roles.role(rank)}
+    trainer = fresh_trainer(3)
+    for i in range(4):
+        trainer.step(*data[i], next_inputs=data[i + 1][0])
+    checkpoint.save(trainer, ckpt)
+    trainer.step(*data[4], next_inputs=data[5][0])
+    trainer.step(*data[5], next_inputs=data[6][0])             # X = data[6]
+    if trainer.role == "ps":
+        report["rest_at_restore"] = trainer.shard._rest is not None
+    losses = continue_from_checkpoint(trainer)
+    reference_trainer = fresh_trainer(4)
+    ref_losses = continue_from_checkpoint(reference_trainer)
+    if trainer.role == "ps":
+        a, b = trainer.shard.state(), reference_trainer.shard.state()
+        report["steps"] = [a["step"], b["step"]]
+        report["parts"] = dict(trainer.shard.apply_parts)
+        report["equal"] = {"%s/%s" % (t, f): bool(np.array_equal(a["tables"][t][f],
+                                                                  b["tables"][t][f]))
+                           for t in a["tables"] for f in a["tables"][t] if f != "ids"}
+    elif trainer.role == "dense":
+        report["equal"] = {"%d %s" % (i, v.name): bool(np.array_equal(v.numpy(), w.numpy()))
+                           for i, (v, w) in enumerate(zip(
+                               trainer.dense_vars + trainer.optimizer.variables,
+                               reference_trainer.dense_vars + reference_trainer.optimizer.variables))}
+        report["losses"] = [losses, ref_losses]
+    trainer.close()
+    reference_trainer.close()
+    with open(os.path.join(OUT, "restore_rank%d.json" % rank), "w") as f:
         json.dump(report, f, indent=1)
     hvd.shutdown()
 
