@@ -151,6 +151,32 @@ def compare(got, want):
             "max_rel": float(rel[diff > 0].max()) if (diff > 0).any() else 0.0}
 
 
+def weight_checks(trainer, ref, ref_slots, losses, init=None):
+    """This rank's trained weights against single-process training ``ref``
+    (``compare`` by name): on a shard every table's rows and ``ref_slots``'s
+    slots and the step (with ``init``, the model's initial weights, also that
+    every table's rows moved from them); on a dense trainer the dense weights
+    and that ``losses`` are finite."""
+    checks = {}
+    if trainer.role == "ps":
+        st = trainer.shard.state()
+        for t, entry in st["tables"].items():
+            full = ref.get_layer(t).embeddings.numpy()
+            checks[t] = compare(entry["rows"], full[entry["ids"]])
+            if init is not None:
+                assert not np.array_equal(entry["rows"], np.asarray(
+                    [w for w in init if w.shape == full.shape][0])[entry["ids"]])
+            for s, var in ref_slots.get(t, {}).items():
+                checks[t + "/" + s] = compare(entry[s], var.numpy()[entry["ids"]])
+        checks["steps"] = st["step"]
+    elif trainer.role == "dense":
+        want = {v.name: v.numpy() for v in ref.trainable_variables}
+        for name, value in trainer.dense_weights().items():
+            checks[name] = compare(value, want[name])
+        checks["losses_finite"] = bool(np.all(np.isfinite(losses)))
+    return checks
+
+
 roles = roles_mod.from_env()
 hvd.init(process_sets=roles.process_sets())
 rank = hvd.rank()
@@ -172,23 +198,7 @@ if MODE in ("exact", "multi", "pooled"):
             losses = trainer.fit(batches(7))
         report.setdefault("keys_exchanges", {})[kind] = trainer.exchange_counts["keys"]
         ref, ref_slots = reference(init, kind)
-        checks = {}
-        if trainer.role == "ps":
-            st = trainer.shard.state()
-            for t, entry in st["tables"].items():
-                full = ref.get_layer(t).embeddings.numpy()
-                checks[t] = compare(entry["rows"], full[entry["ids"]])
-                assert not np.array_equal(entry["rows"], np.asarray(
-                    [w for w in init if w.shape == full.shape][0])[entry["ids"]])
-                for s, var in ref_slots.get(t, {}).items():
-                    checks[t + "/" + s] = compare(entry[s], var.numpy()[entry["ids"]])
-            checks["steps"] = st["step"]
-        elif trainer.role == "dense":
-            want = {v.name: v.numpy() for v in ref.trainable_variables}
-            for name, value in trainer.dense_weights().items():
-                checks[name] = compare(value, want[name])
-            checks["losses_finite"] = bool(np.all(np.isfinite(losses)))
-        report[kind] = checks
+        report[kind] = weight_checks(trainer, ref, ref_slots, losses, init)
     if MODE in ("multi", "pooled"):
         report["features"] = trainer.features
         report["cut"] = [c["name"] for c in trainer.cut]
@@ -266,22 +276,10 @@ elif MODE == "split":
         losses = trainer.fit(batches(7))
         ref, ref_slots = reference(init, kind, build)
         checks = {"keys_exchanges": trainer.exchange_counts["keys"]}
-        if trainer.role == "ps":
+        if trainer.role == "ps":          # the parts before state() flushes anything
             checks["dim"] = trainer.shard.dim
-            parts_before_state = dict(trainer.shard.apply_parts)
-            st = trainer.shard.state()
-            checks["parts"] = parts_before_state
-            checks["steps"] = st["step"]
-            for t, entry in st["tables"].items():
-                full = ref.get_layer(t).embeddings.numpy()
-                checks[t] = compare(entry["rows"], full[entry["ids"]])
-                for s, var in ref_slots.get(t, {}).items():
-                    checks[t + "/" + s] = compare(entry[s], var.numpy()[entry["ids"]])
-        elif trainer.role == "dense":
-            want = {v.name: v.numpy() for v in ref.trainable_variables}
-            for name, value in trainer.dense_weights().items():
-                checks[name] = compare(value, want[name])
-            checks["losses_finite"] = bool(np.all(np.isfinite(losses)))
+            checks["parts"] = dict(trainer.shard.apply_parts)
+        checks.update(weight_checks(trainer, ref, ref_slots, losses))
         report[case] = checks
     trainer.close()
     with open(os.path.join(OUT, "split_rank%d.json" % rank), "w") as f:
