@@ -253,10 +253,10 @@ if MODE in ("exact", "multi", "pooled"):
         import time
         real = trainer._alltoall
 
-        def late(tensor, splits, set_name, what):
+        def late(tensor, splits, set_name, what, *nbytes):
             if what == "row_grads":
                 time.sleep(3)
-            return real(tensor, splits, set_name, what)
+            return real(tensor, splits, set_name, what, *nbytes)
         trainer._alltoall = late
     trainer.step(x, y)
     report["after_bad_id"] = "ok"
@@ -370,8 +370,8 @@ elif MODE == "kill":
                            OPTS["sgd"](), roles)
     real = trainer._alltoall
 
-    def dying(tensor, splits, set_name, what):
-        out = real(tensor, splits, set_name, what)
+    def dying(tensor, splits, set_name, what, *nbytes):
+        out = real(tensor, splits, set_name, what, *nbytes)
         if trainer.role == "ps" and trainer.steps == 3 and what == "keys":
             print("HETER_KILL rank %d exits mid-step %d" % (rank, trainer.steps), flush=True)
             os._exit(7)
