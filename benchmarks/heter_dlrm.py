@@ -420,10 +420,10 @@ def worker(system: str, cfg: dict, out_dir: str) -> int:
         # of the step is this rank's own work
         waits, real = {}, trainer._alltoall
 
-        def timed(tensor, splits, set_name, what):
+        def timed(tensor, splits, set_name, what, *nbytes):
             t = time.perf_counter()
             try:
-                return real(tensor, splits, set_name, what)
+                return real(tensor, splits, set_name, what, *nbytes)
             finally:
                 if trainer.steps > cfg["warmup"]:
                     waits[what] = waits.get(what, 0.0) + time.perf_counter() - t

@@ -160,9 +160,14 @@ def save(trainer, directory):
 
 def restore(trainer, directory):
     """Every rank: load the newest complete checkpoint under ``directory``
-    into ``trainer`` (any shard count); returns its step."""
+    into ``trainer`` (any shard count); returns its step. Every rank first
+    forgets the next batch its last step was told
+    (``HeterTrainer.drop_look_ahead``: the keys sent ahead, a shard's kept-back
+    rest applied to the state it belongs to), so the next step takes the path
+    of a fresh trainer's first step on every rank: it sends its keys."""
     path = latest(directory)
     manifest = read_manifest(path)
+    trainer.drop_look_ahead()
     if trainer.role == "ps":
         load_shard(trainer.shard, path)
     if trainer.role == "dense":

@@ -11,7 +11,9 @@ of its own:
   (:func:`horovod_prio.method.heter.holders`), so with an arbiter configured
   those ranks join it, in external-grant mode, with the job's class;
 * each exchange a role sends (:data:`horovod_prio.method.heter.HELD`) passes
-  ``HvdPrioGate`` with its priority and the bytes of this rank's part, then
+  ``HvdPrioGate`` with its priority and its bytes (with an arbiter and
+  several ranks in the sending role, every sender's part:
+  :func:`horovod_prio.method.heter.whole_collective`), then
   runs its Horovod alltoall, then ``HvdPrioDone`` frees its credit; the dense
   allreduce is the data-parallel chunk plan of the dense part's gradients,
   one ``HvdPrioAllreduce`` per chunk on the ``dense`` process set, in one
@@ -106,10 +108,16 @@ class Exchanges:
         self.dense_groups = 0
         self.vector = ()
         self.gated = {}              # exchange -> parts gated (this rank)
+        #: whether this rank asks for a held exchange with every sender's part
+        #: (:func:`horovod_prio.method.heter.whole_collective`); the trainer
+        #: then passes their bytes to :meth:`alltoall`
+        self.whole = False
         if not self.enabled:
             return
         size = roles.size
         holder = rule.holders(roles.ranks)[self.role] == rank and size > 1
+        self.whole = holder and rule.whole_collective(self.role, roles.ranks,
+                                                      bool(config.arbiter and config.link))
         runtime = get_runtime()
         runtime.setup(config, rank, size, owner="HeterTrainer", hold=holder)
         self.holds = runtime.hold
@@ -153,13 +161,16 @@ class Exchanges:
         if self.monitor is not None:
             self.ops.step_end(self.monitor.slot, [])
 
-    def alltoall(self, tensor, splits, process_set, what):
+    def alltoall(self, tensor, splits, process_set, what, nbytes=None):
         """Horovod's alltoall of this rank's part, through the gate if this
-        rank's role sends ``what`` (held on the role's first rank)."""
+        rank's role sends ``what`` (held on the role's first rank), asked for
+        with ``nbytes`` (every sender's part, given when :attr:`whole`) or
+        this rank's part's bytes."""
         gated = what in self.held
         chunk = "%s.%s" % (self.name, what)
         if gated:
-            tensor = self.ops.gate(tensor, self.priorities[what], chunk)
+            tensor = self.ops.gate(tensor, self.priorities[what], chunk,
+                                   nbytes=nbytes if self.whole else None)
             self.gated[what] = self.gated.get(what, 0) + 1
         try:
             return self.hvd.alltoall(tensor, splits=np.asarray(splits, np.int32),

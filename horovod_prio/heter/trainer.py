@@ -582,10 +582,43 @@ class HeterTrainer:
             cur = nxt
         return out
 
-    def _alltoall(self, tensor, splits, set_name, what):
+    def _alltoall(self, tensor, splits, set_name, what, nbytes=None):
         self.exchange_counts[what] += 1
-        out, received = self.exchanges.alltoall(tensor, splits, self._sets[set_name], what)
+        out, received = self.exchanges.alltoall(tensor, splits, self._sets[set_name], what,
+                                                nbytes)
         return out, received.numpy()
+
+    def _unique_counts(self, inputs, n):
+        """Unique keys of every sparse trainer's slice of a batch of ``n``
+        samples, per group (tables of one width): (sparse trainers, groups).
+        Only a holder that asks for whole collectives computes them
+        (``Exchanges.whole``): every rank holds the batch."""
+        out = np.zeros((len(self.sparse_ranks), len(self.groups)), np.int64)
+        for s, (lo, hi) in enumerate(split_batch(n, len(self.sparse_ranks))):
+            for g, members in enumerate(self.groups):
+                keys = np.concatenate(
+                    [np.asarray(inputs[self.tables[i]["input"]][lo:hi], np.int64).reshape(-1)
+                     + self.tables[i]["offset"] for i in members])
+                out[s, g] = len(np.unique(keys))
+        return out
+
+    def _whole_bytes(self, inputs, n, what, next_inputs=None, n_next=None):
+        """The bytes every sender's part of exchange ``what`` holds, or None
+        where this rank asks for its own part (not ``Exchanges.whole``):
+        keys 8 per unique key of every slice, rows and row gradients their
+        rows (float32), with the next step's keys (8 bytes each) riding on
+        the row gradients; activation gradients the global batch's cut."""
+        if not self.exchanges.whole:
+            return None
+        if what == "activation_grads":
+            return 4 * n * self.features
+        counts = self._unique_counts(inputs, n)
+        if what == "keys":
+            return 8 * int(counts.sum())
+        rows = 4 * int((counts * np.asarray(self.group_dims, np.int64)).sum())
+        if what == "row_grads" and next_inputs is not None:
+            rows += 8 * int(self._unique_counts(next_inputs, n_next).sum())
+        return rows
 
     def _set_splits(self, set_name, ranks, counts):
         """Per-rank counts (``ranks[i]`` gets ``counts[i]``) in the set's rank order."""
@@ -636,7 +669,7 @@ class HeterTrainer:
             layout, positions, (lo, hi) = self._keys(inputs, len(labels))
             self._alltoall(tf.constant(layout.keys, tf.int64),
                            self._set_splits("sparse_ps", self.ps_ranks, layout.splits),
-                           "sparse_ps", "keys")
+                           "sparse_ps", "keys", self._whole_bytes(inputs, len(labels), "keys"))
         self._pending = None
         sp = self._ranks["sparse_ps"]
         flat, _ = self._alltoall(tf.zeros([0], tf.float32), [0] * len(sp), "sparse_ps", "rows")
@@ -662,7 +695,8 @@ class HeterTrainer:
         if nxt is not None:          # each shard's part: its row gradients, then its next keys
             push, splits = _with_keys(push, layout.row_splits, nxt[0].keys, nxt[0].splits)
         self._alltoall(tf.constant(push), self._set_splits("sparse_ps", self.ps_ranks, splits),
-                       "sparse_ps", "row_grads")
+                       "sparse_ps", "row_grads",
+                       self._whole_bytes(inputs, len(labels), "row_grads", next_inputs, n_next))
         self._pending = nxt
         return None
 
@@ -678,8 +712,10 @@ class HeterTrainer:
             keys = keys.numpy()
             table_of, key_local = self._local_keys(keys)
         self._pending = None
+        rows_bytes = self._whole_bytes(inputs, len(labels), "rows")
         if self.shard.dim is not None:          # tables of one width: no loop over tables
-            return self._serve_uniform(table_of, key_local, got, sp, next_inputs, ahead)
+            return self._serve_uniform(table_of, key_local, got, sp, next_inputs, ahead,
+                                       rows_bytes)
         dims = np.array([t["dim"] for t in self.tables], np.int64)
         per_key = dims[table_of]
         starts = np.concatenate([[0], np.cumsum(per_key)]).astype(np.int64)
@@ -700,7 +736,7 @@ class HeterTrainer:
                 flat[starts[w][:, None] + np.arange(t["dim"])] = r.numpy()
         bounds = np.concatenate([[0], np.cumsum(got)])
         splits = [int(per_key[bounds[i]:bounds[i + 1]].sum()) for i in range(len(sp))]
-        grads = self._answer(tf.constant(flat), splits, sp, next_inputs)
+        grads = self._answer(tf.constant(flat), splits, sp, next_inputs, rows_bytes)
         if uniform:
             rows = grads.reshape(-1, self.group_dims[0])
             values = [rows[w] for w in idx]
@@ -728,27 +764,28 @@ class HeterTrainer:
         self._pending = (keys, per, where)
         return where
 
-    def _serve_uniform(self, table_of, local, got, sp, next_inputs, ahead):
+    def _serve_uniform(self, table_of, local, got, sp, next_inputs, ahead, rows_bytes):
         """:meth:`_step_ps` for tables of one row width: the keys of every
         table gathered, and their gradients applied, in one graph call each
         (:meth:`~horovod_prio.heter.ps.Shard.gather_keys`, ``apply_keys``)."""
         dim = self.shard.dim
         flat = self.shard.gather_keys(table_of, local, ahead=ahead)
         grads = self._answer(self.tf.reshape(flat, [-1]), [int(c) * dim for c in got], sp,
-                             next_inputs)
+                             next_inputs, rows_bytes)
         self.shard.apply_keys(table_of, local, grads.reshape(-1, dim),
                               next_keys=self._next_keys())
         return None
 
-    def _answer(self, flat, splits, sp, next_inputs):
+    def _answer(self, flat, splits, sp, next_inputs, rows_bytes):
         """A shard sends the rows (``splits`` floats to each member of
         ``sparse_ps``), applies what the last step's push kept back for
         after them (rows this step does not read: ``Shard.flush``), and
         receives the row gradients; with ``next_inputs`` it keeps the next
-        step's keys that came with them. Returns the row gradients (numpy,
+        step's keys that came with them. ``rows_bytes``: what the rows are
+        asked for (:meth:`_whole_bytes`). Returns the row gradients (numpy,
         in key order)."""
         tf = self.tf
-        self._alltoall(flat, splits, "sparse_ps", "rows")
+        self._alltoall(flat, splits, "sparse_ps", "rows", rows_bytes)
         self.shard.flush()
         grads, got = self._alltoall(tf.zeros([0], tf.float32), [0] * len(sp), "sparse_ps",
                                     "row_grads")
@@ -773,11 +810,22 @@ class HeterTrainer:
                                              tf.constant(np.asarray(labels[lo:hi])), weight)
         back = [_overlap((lo, hi), b) for b in self._bounds["sparse"]]
         self._alltoall(dact, self._set_splits("sparse_dense", self.sparse_ranks, back),
-                       "sparse_dense", "activation_grads")
+                       "sparse_dense", "activation_grads",
+                       self._whole_bytes(inputs, len(labels), "activation_grads"))
         if len(self.dense_ranks) > 1:
             grads = self.exchanges.allreduce_dense(grads)
         self._dense_apply(grads)
         return float(loss.numpy())
+
+    def drop_look_ahead(self):
+        """Forget the next batch the last step was told (every rank calls
+        this, as :func:`horovod_prio.heter.checkpoint.restore` does, so every
+        rank's next step takes the same path): a shard first applies the rest
+        of a split push it kept back, to the state it belongs to; the next
+        step sends its keys as usual."""
+        if self.role == "ps":
+            self.shard.flush()
+        self._ahead = self._pending = None
 
     def close(self):
         """A barrier over every rank; call it before ``hvd.shutdown()`` or the

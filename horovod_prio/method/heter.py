@@ -37,6 +37,18 @@ for its completion, which needs it). The first rank of each role holds what
 that role sends (:data:`HELD`); the role's other ranks pass the gate at once,
 as every data-parallel rank but rank 0 does.
 
+**What a holder asks for: the whole collective.** Every member of an
+alltoall sends its part at once, so with several ranks in the sending role
+the link carries all their parts while the holder's request is granted. With
+an arbiter, the holder asks for the bytes of every sender's part (every rank
+holds the global batch, so the holder computes them: each sparse trainer's
+unique keys per table width, the rows and row gradients of those keys, the
+global batch's activation gradients): what crosses a link every part
+crosses. Without an arbiter a holder runs one exchange at a
+time and the local credit holds back only the dense allreduce's chunks, so
+its own part's bytes are asked for and nothing is computed. The dense
+allreduce's chunks are the data-parallel plan's, asked for as there.
+
 **What is not held: the activations.** A sparse trainer sends them while a
 dense trainer may still wait for the previous step's allreduce grant; a
 grant held for them would keep the credit from that allreduce while the
@@ -49,7 +61,8 @@ from typing import Dict, List, Sequence
 
 from horovod_prio.method.sequence import base_priorities
 
-__all__ = ["EXCHANGES", "HELD", "num_groups", "levels", "priorities", "base_vector", "holders"]
+__all__ = ["EXCHANGES", "HELD", "num_groups", "levels", "priorities", "base_vector",
+           "holders", "whole_collective"]
 
 #: The alltoall exchanges of one step, in the order the step runs them.
 EXCHANGES = ("keys", "rows", "activations", "activation_grads", "row_grads")
@@ -108,3 +121,12 @@ def holders(role_ranks: Dict[str, Sequence[int]]) -> Dict[str, int]:
             raise ValueError("role %r has no rank" % role)
         out[role] = ranks[0]
     return out
+
+
+def whole_collective(role: str, role_ranks: Dict[str, Sequence[int]], arbiter: bool) -> bool:
+    """Whether ``role``'s holder asks for its held alltoalls with every
+    sender's part (see the module doc): with an arbiter, and the role has
+    several ranks (with one, its part is the whole)."""
+    if role not in HELD:
+        raise ValueError("role %r: give one of %s" % (role, ", ".join(sorted(HELD))))
+    return bool(arbiter) and len(role_ranks.get(role, ())) > 1

@@ -25,6 +25,7 @@ import glob
 import os
 import threading
 
+import numpy as np
 import tensorflow as tf
 
 from horovod_prio.scheduler import BUILD_HINT, SchedulerError, library_path as scheduler_path
@@ -161,7 +162,7 @@ def _priority_tensor(priority, name, what):
         priority, dtype=tf.int32)
 
 
-def gate(tensor, priority, name, abandon_on_cancel=None):
+def gate(tensor, priority, name, abandon_on_cancel=None, nbytes=None):
     """Return ``tensor`` once the scheduler releases chunk ``name`` (op HvdPrioGate).
 
     ``priority``: int or int32 scalar tensor, higher goes first.
@@ -169,14 +170,21 @@ def gate(tensor, priority, name, abandon_on_cancel=None):
     call) is cancelled or ends is abandoned; default: when built in a graph,
     where the chunk's ``done`` runs in the same call. Pass False for a chunk
     whose ``done`` runs in a later call.
+    ``nbytes``: the chunk's size for the scheduler and the arbiter (an int >= 0),
+    default the tensor's bytes: a collective whose other members send parts
+    of their own is asked for with all of them.
     """
     _check_name(name, "gate")
+    if nbytes is not None and (isinstance(nbytes, bool) or not isinstance(nbytes, (int, np.integer))
+                               or nbytes < 0):
+        raise ValueError("gate(%r): nbytes=%r, give an int >= 0 or None" % (name, nbytes))
     ops = load()
     priority = _priority_tensor(priority, name, "gate")
     if abandon_on_cancel is None:
         abandon_on_cancel = not tf.executing_eagerly()
     return independent(ops.hvd_prio_gate(tensor, priority, chunk_name=name,
-                                         abandon_on_cancel=bool(abandon_on_cancel)))
+                                         abandon_on_cancel=bool(abandon_on_cancel),
+                                         nbytes=-1 if nbytes is None else int(nbytes)))
 
 
 def allreduce(tensor, priority, name, op, prescale_factor=1.0, postscale_factor=1.0,

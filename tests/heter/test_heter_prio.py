@@ -33,6 +33,7 @@ WORKER = os.path.join(HERE, "mp", "prio_worker.py")
 DP_WORKER = os.path.join(os.path.dirname(HERE), "tf", "mp", "arbiter_worker.py")
 LINK = "heter0"
 STEPS = 12
+BATCH, ROWS_A, ROWS_B = 16, 40, 17          # prio_worker.py's batches
 ROLES = {"HOROVOD_PRIO_HETER_ROLES": "ps=1,sparse=1,dense=2"}
 OPT_IN_VARS = ("HOROVOD_PRIO_ARBITER", "HOROVOD_PRIO_LINK", "HOROVOD_PRIO_JOB_ID",
                "HOROVOD_PRIO_ARBITER_SECRET", "HOROVOD_PRIO_ARBITER_TIMEOUT",
@@ -46,13 +47,52 @@ def job_env(address, job_id, job_class=0):
                 HOROVOD_PRIO_ARBITER_TIMEOUT="2", HOROVOD_PRIO_JOB_PRIORITY=str(job_class))
 
 
-def run_heter(out, env, extra=(), controller="gloo"):
+def run_heter(out, env, extra=(), controller="gloo", np_=4):
     os.makedirs(out, exist_ok=True)
-    res = horovodrun([WORKER, str(out), "--steps", str(STEPS)] + list(extra), controller, np_=4,
+    res = horovodrun([WORKER, str(out), "--steps", str(STEPS)] + list(extra), controller, np_=np_,
                      timeout=300, env=env)
     reports = [json.load(open(os.path.join(out, "rank%d.json" % r)))
-               if os.path.exists(os.path.join(out, "rank%d.json" % r)) else None for r in range(4)]
+               if os.path.exists(os.path.join(out, "rank%d.json" % r)) else None
+               for r in range(np_)]
     return {"res": res, "log": res.stdout, "reports": reports, "dir": str(out)}
+
+
+def collective_bytes(sparse_trainers, ahead=False):
+    """Per step, the bytes every sender's part of each held alltoall holds,
+    counted here from prio_worker.py's batches (same seed and draws): each
+    sparse trainer's slice (contiguous, the first ones one sample longer)
+    dedupes its ids per table (the tables differ in width: one group each);
+    keys 8 bytes each, rows and row gradients 4 x the table's width (4, 3);
+    activation gradients 15 floats (3 x 4 + 3) per sample of the batch.
+    ``ahead`` (``--fit``): the keys are sent in the first step only, later
+    ones ride with the step before's row gradients (8 bytes each)."""
+    rng = np.random.default_rng(7)
+    base, extra = divmod(BATCH, sparse_trainers)
+    out = []
+    for _ in range(STEPS):
+        ids_a = np.minimum(rng.zipf(1.5, (BATCH, 3)) - 1, ROWS_A - 1)
+        ids_b = rng.integers(0, ROWS_B, (BATCH, 1))
+        rng.standard_normal((BATCH, 5)), rng.random((BATCH, 1))
+        keys = rows = lo = 0
+        for s in range(sparse_trainers):
+            hi = lo + base + (1 if s < extra else 0)
+            ua, ub = len(np.unique(ids_a[lo:hi])), len(np.unique(ids_b[lo:hi]))
+            keys, rows, lo = keys + 8 * (ua + ub), rows + 4 * (4 * ua + 3 * ub), hi
+        out.append({"keys": keys, "rows": rows, "row_grads": rows,
+                    "activation_grads": 4 * 15 * BATCH})
+    want = {k: [w[k] for w in out] for k in out[0]}
+    if ahead:
+        want["row_grads"] = [r + k for r, k in zip(want["row_grads"], want["keys"][1:] + [0])]
+        want["keys"] = want["keys"][:1]
+    return want
+
+
+def assert_requested_whole_collectives(grants, job_id, sparse_trainers, ahead=False):
+    """Every held alltoall was asked for (and granted) with every sender's part."""
+    want = collective_bytes(sparse_trainers, ahead)
+    for kind in ("keys", "rows", "activation_grads", "row_grads"):
+        got = [g["bytes"] for g in grants if g["job"] == job_id and g["chunk"].endswith("." + kind)]
+        assert got == want[kind], (kind, got, want)
 
 
 def weights(job):
@@ -146,7 +186,7 @@ def reference(tmp_path_factory, no_opt_in):
     return job
 
 
-def run_arbitrated(out, controller="gloo"):
+def run_arbitrated(out, controller="gloo", roles=None, np_=4, extra=()):
     from horovod_prio.arbiter.server import ArbiterServer
     srv = ArbiterServer(secret=SECRET, credit_bytes=2048)
     rec = GrantRecorder(srv)
@@ -154,7 +194,9 @@ def run_arbitrated(out, controller="gloo"):
     try:
         env = dict(job_env("%s:%d" % (host, port), "heter-a"), HOROVOD_PRIO_MAX_BOOST="2",
                    HOROVOD_PRIO_COUNT_THRESHOLD="1000")
-        job = run_heter(out, env, ["--boost", "2"], controller)
+        if roles:
+            env["HOROVOD_PRIO_HETER_ROLES"] = roles
+        job = run_heter(out, env, ["--boost", "2"] + list(extra), controller, np_)
         stats = srv.call(srv.stats)
     finally:
         srv.stop()
@@ -202,6 +244,23 @@ def check_arbitrated(arbitrated):
     link = arbitrated["stats"]["links"][LINK]
     assert link["grants_per_job"]["heter-a"] == len(mine), link
     assert link["grants"] == link["completions"] and link["outstanding_grants"] == 0, link
+    # two dense trainers: the activation gradients are asked for with both parts
+    assert_requested_whole_collectives(arbitrated["grants"], "heter-a", 1)
+
+
+def test_with_several_ranks_per_role_a_holder_asks_for_every_senders_part(tmp_path, no_opt_in):
+    """Two shards, two sparse trainers, two dense trainers (Gloo): every
+    member of an alltoall sends its part at once, so each holder asks the
+    arbiter for the keys, rows, row gradients (with the next step's keys:
+    each step is told the next batch) or activation gradients of every
+    sender, not its own part only (counted from the batches here)."""
+    arbitrated = run_arbitrated(tmp_path, roles="ps=2,sparse=2,dense=2", np_=6,
+                                extra=["--fit"])
+    job = arbitrated["job"]
+    check(job["res"])
+    assert [r["role"] for r in job["reports"]] == ["ps"] * 2 + ["sparse"] * 2 + ["dense"] * 2
+    assert job["log"].count("job heter-a joined link %s at arbiter" % LINK) == 3, job["log"][-3000:]
+    assert_requested_whole_collectives(arbitrated["grants"], "heter-a", 2, ahead=True)
 
 
 def test_rank0_shard_times_the_step_and_its_boost_reaches_every_holder(arbitrated):

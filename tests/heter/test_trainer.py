@@ -187,3 +187,28 @@ def test_tables_live_only_on_the_shards(tmp_path):
         else:
             assert r["held_bytes"] < smallest // 4, r
     assert reports[3]["losses_finite"]
+
+
+@pytest.mark.parametrize("controller", CONTROLLERS)
+def test_a_restore_forgets_the_batch_looked_ahead_to(controller, tmp_path):
+    """A restore while the trainer looks one batch ahead (the last step was
+    told X: the sparse trainer and the shard hold X's keys, the shard a split
+    push's rest): every rank forgets X, so the step on X after the restore
+    sends its keys on every rank, and the tables, slots, dense weights, dense
+    optimizer variables and losses of the next two steps are bit for bit
+    those of a fresh trainer restored from the same checkpoint."""
+    out = horovodrun([WORKER, str(tmp_path), "restore"], controller, np_=3, timeout=240,
+                     env=ROLES)
+    assert out.returncode == 0, out.stdout[-6000:]
+    reports = [json.load(open(tmp_path / ("restore_rank%d.json" % r))) for r in range(3)]
+    assert [r["role"] for r in reports] == ["ps", "sparse", "dense"]
+    for r in reports:      # [restored trainer, fresh trainer]
+        assert r["restored_step"] == [4, 4] and r["ahead_after_restore"] == [False, False], r
+        want = 0 if r["role"] == "dense" else 1
+        assert r["keys_after_restore"] == [want, want], r
+    ps, dense = reports[0], reports[2]
+    assert ps["rest_at_restore"] is True and ps["steps"] == [6, 6], ps
+    assert "rest_late" not in ps["parts"] and ps["parts"]["ahead"] >= 5, ps
+    assert len(ps["equal"]) == 4 and all(ps["equal"].values()), ps     # 2 tables + accumulators
+    assert len(dense["equal"]) >= 4 + 4 and all(dense["equal"].values()), dense
+    assert dense["losses"][0] == dense["losses"][1], dense

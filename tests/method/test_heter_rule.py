@@ -33,6 +33,15 @@ def test_first_rank_of_each_role_holds():
     assert held == set(rule.EXCHANGES) - {"activations"} | {"dense"}
 
 
+def test_a_holder_asks_for_every_senders_part_with_an_arbiter_and_several_senders():
+    ranks = {"ps": [0, 3], "sparse": [1], "dense": [2, 4]}
+    assert [rule.whole_collective(r, ranks, True) for r in ("ps", "sparse", "dense")] == \
+        [True, False, True]
+    assert not any(rule.whole_collective(r, ranks, False) for r in ("ps", "sparse", "dense"))
+    with pytest.raises(ValueError, match="role 'server': give one of dense, ps, sparse"):
+        rule.whole_collective("server", ranks, True)
+
+
 def test_bad_inputs_are_named():
     with pytest.raises(ValueError, match="priority vector: 3 entries for 2 dense groups"):
         rule.priorities([0, 1, 2], 2)

@@ -132,6 +132,23 @@ def test_kernels_use_the_process_scheduler():
     assert s["inflight_bytes"] == 0 and s["unknown_completions"] == 0
 
 
+def test_a_gate_asks_for_nbytes_instead_of_its_tensors_bytes():
+    """``nbytes``: the chunk's size at the scheduler (and so at the arbiter),
+    for a collective whose other members send parts of their own."""
+    SCHED.configure(credit_bytes=1 << 20, hold=True)
+    x = tf.constant([1.0, 2.0])                                  # 8 bytes
+    out = ops.gate(x, 3, "whole", nbytes=1000)
+    assert SCHED.stats()["inflight_bytes"] == 1000
+    ops.done(out, "whole")
+    out = ops.gate(x, 3, "part")
+    assert SCHED.stats()["inflight_bytes"] == 8
+    np.testing.assert_array_equal(ops.done(out, "part").numpy(), [1.0, 2.0])
+    assert SCHED.stats()["inflight_bytes"] == 0
+    for bad in (-1, 2.5, True):
+        with pytest.raises(ValueError, match=r"gate\('bad'\): nbytes=.*give an int >= 0"):
+            ops.gate(x, 3, "bad", nbytes=bad)
+
+
 def test_gradient_passes_through():
     SCHED.configure(credit_bytes=0, hold=True)
     x = tf.Variable([1.0, -2.0, 3.0])

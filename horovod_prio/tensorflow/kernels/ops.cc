@@ -77,6 +77,7 @@ REGISTER_OP("HvdPrioGate")
     .Attr("T: type")
     .Attr("chunk_name: string")
     .Attr("abandon_on_cancel: bool = true")
+    .Attr("nbytes: int = -1")
     .SetIsStateful()
     .SetShapeFn([](shape_inference::InferenceContext* c) {
       shape_inference::ShapeHandle unused;
@@ -86,7 +87,9 @@ REGISTER_OP("HvdPrioGate")
     })
     .Doc(R"doc(
 Holds `tensor` until the horovod_prio scheduler releases chunk `chunk_name`
-(priority `priority`, size = tensor bytes), then forwards it unchanged.  With
+(priority `priority`, size = `nbytes`, or the tensor's bytes if -1: a
+collective whose other members send parts of their own asks for all of
+them), then forwards it unchanged.  With
 `abandon_on_cancel` (gates built in a graph, whose Done runs in the same step)
 a chunk still in flight when the step is cancelled is abandoned.
 )doc");
@@ -292,11 +295,13 @@ class HeldChunkKernel : public AsyncOpKernel {
   }
 
   // Names `st` after this op's chunk and submits it (ctx may be gone on return).
+  // `nbytes` >= 0: the chunk's size instead of the tensor's bytes.
   void Hold(OpKernelContext* ctx, DoneCallback done, std::shared_ptr<HeldChunk> st,
-            int64_t priority) {
+            int64_t priority, int64_t nbytes = -1) {
     st->what = op_ + "(" + chunk_name_ + ")";
     st->name = chunk_name_;
-    const int64_t bytes = static_cast<int64_t>(ctx->input(0).TotalBytes());
+    const int64_t bytes =
+        nbytes >= 0 ? nbytes : static_cast<int64_t>(ctx->input(0).TotalBytes());
     st->Hold(ctx, std::move(done), abandon_on_cancel_, priority, bytes);
   }
 
@@ -307,7 +312,13 @@ class HeldChunkKernel : public AsyncOpKernel {
 
 class HvdPrioGateOp : public HeldChunkKernel {
  public:
-  explicit HvdPrioGateOp(OpKernelConstruction* c) : HeldChunkKernel(c, "HvdPrioGate") {}
+  explicit HvdPrioGateOp(OpKernelConstruction* c) : HeldChunkKernel(c, "HvdPrioGate") {
+    if (!c->status().ok()) return;
+    OP_REQUIRES_OK(c, c->GetAttr("nbytes", &nbytes_));
+    OP_REQUIRES(c, nbytes_ >= -1,
+                errors::InvalidArgument("HvdPrioGate(", chunk_name_, "): nbytes must be >= 0 "
+                                        "(or -1: the tensor's bytes), got ", nbytes_));
+  }
 
   void ComputeAsync(OpKernelContext* ctx, DoneCallback done) override {
     int64_t priority;
@@ -317,10 +328,11 @@ class HvdPrioGateOp : public HeldChunkKernel {
     ctx->set_output(0, ctx->input(0));
     // Released: done() at once (from whichever thread released the chunk:
     // this one if it may go at once, a HvdPrioDone kernel, a Grant() caller).
-    Hold(ctx, std::move(done), std::make_shared<Gate>(), priority);
+    Hold(ctx, std::move(done), std::make_shared<Gate>(), priority, nbytes_);
   }
 
  private:
+  int64_t nbytes_ = -1;
   struct Gate : HeldChunk {
     void Released() override { Finish(); }
   };

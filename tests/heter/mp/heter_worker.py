@@ -21,6 +21,11 @@
                                     model; vs single-process training, with
                                     the shard's apply parts
                                     (OUT_DIR/split_rank<r>.json)
+    heter_worker.py OUT_DIR restore a restore while the trainer looks one batch
+                                    ahead (Adagrad, 16-wide tables: a split
+                                    push's rest kept back), then the announced
+                                    batch, vs a fresh trainer restored from the
+                                    same checkpoint (OUT_DIR/restore_rank<r>.json)
     heter_worker.py OUT_DIR memory  the model built with placeholder tables
                                     (larger tables, 2 shards): a few steps, then
                                     every rank reports the bytes of the
@@ -146,6 +151,32 @@ def compare(got, want):
             "max_rel": float(rel[diff > 0].max()) if (diff > 0).any() else 0.0}
 
 
+def weight_checks(trainer, ref, ref_slots, losses, init=None):
+    """This rank's trained weights against single-process training ``ref``
+    (``compare`` by name): on a shard every table's rows and ``ref_slots``'s
+    slots and the step (with ``init``, the model's initial weights, also that
+    every table's rows moved from them); on a dense trainer the dense weights
+    and that ``losses`` are finite."""
+    checks = {}
+    if trainer.role == "ps":
+        st = trainer.shard.state()
+        for t, entry in st["tables"].items():
+            full = ref.get_layer(t).embeddings.numpy()
+            checks[t] = compare(entry["rows"], full[entry["ids"]])
+            if init is not None:
+                assert not np.array_equal(entry["rows"], np.asarray(
+                    [w for w in init if w.shape == full.shape][0])[entry["ids"]])
+            for s, var in ref_slots.get(t, {}).items():
+                checks[t + "/" + s] = compare(entry[s], var.numpy()[entry["ids"]])
+        checks["steps"] = st["step"]
+    elif trainer.role == "dense":
+        want = {v.name: v.numpy() for v in ref.trainable_variables}
+        for name, value in trainer.dense_weights().items():
+            checks[name] = compare(value, want[name])
+        checks["losses_finite"] = bool(np.all(np.isfinite(losses)))
+    return checks
+
+
 roles = roles_mod.from_env()
 hvd.init(process_sets=roles.process_sets())
 rank = hvd.rank()
@@ -167,23 +198,7 @@ if MODE in ("exact", "multi", "pooled"):
             losses = trainer.fit(batches(7))
         report.setdefault("keys_exchanges", {})[kind] = trainer.exchange_counts["keys"]
         ref, ref_slots = reference(init, kind)
-        checks = {}
-        if trainer.role == "ps":
-            st = trainer.shard.state()
-            for t, entry in st["tables"].items():
-                full = ref.get_layer(t).embeddings.numpy()
-                checks[t] = compare(entry["rows"], full[entry["ids"]])
-                assert not np.array_equal(entry["rows"], np.asarray(
-                    [w for w in init if w.shape == full.shape][0])[entry["ids"]])
-                for s, var in ref_slots.get(t, {}).items():
-                    checks[t + "/" + s] = compare(entry[s], var.numpy()[entry["ids"]])
-            checks["steps"] = st["step"]
-        elif trainer.role == "dense":
-            want = {v.name: v.numpy() for v in ref.trainable_variables}
-            for name, value in trainer.dense_weights().items():
-                checks[name] = compare(value, want[name])
-            checks["losses_finite"] = bool(np.all(np.isfinite(losses)))
-        report[kind] = checks
+        report[kind] = weight_checks(trainer, ref, ref_slots, losses, init)
     if MODE in ("multi", "pooled"):
         report["features"] = trainer.features
         report["cut"] = [c["name"] for c in trainer.cut]
@@ -238,10 +253,10 @@ if MODE in ("exact", "multi", "pooled"):
         import time
         real = trainer._alltoall
 
-        def late(tensor, splits, set_name, what):
+        def late(tensor, splits, set_name, what, *nbytes):
             if what == "row_grads":
                 time.sleep(3)
-            return real(tensor, splits, set_name, what)
+            return real(tensor, splits, set_name, what, *nbytes)
         trainer._alltoall = late
     trainer.step(x, y)
     report["after_bad_id"] = "ok"
@@ -261,25 +276,67 @@ elif MODE == "split":
         losses = trainer.fit(batches(7))
         ref, ref_slots = reference(init, kind, build)
         checks = {"keys_exchanges": trainer.exchange_counts["keys"]}
-        if trainer.role == "ps":
+        if trainer.role == "ps":          # the parts before state() flushes anything
             checks["dim"] = trainer.shard.dim
-            parts_before_state = dict(trainer.shard.apply_parts)
-            st = trainer.shard.state()
-            checks["parts"] = parts_before_state
-            checks["steps"] = st["step"]
-            for t, entry in st["tables"].items():
-                full = ref.get_layer(t).embeddings.numpy()
-                checks[t] = compare(entry["rows"], full[entry["ids"]])
-                for s, var in ref_slots.get(t, {}).items():
-                    checks[t + "/" + s] = compare(entry[s], var.numpy()[entry["ids"]])
-        elif trainer.role == "dense":
-            want = {v.name: v.numpy() for v in ref.trainable_variables}
-            for name, value in trainer.dense_weights().items():
-                checks[name] = compare(value, want[name])
-            checks["losses_finite"] = bool(np.all(np.isfinite(losses)))
+            checks["parts"] = dict(trainer.shard.apply_parts)
+        checks.update(weight_checks(trainer, ref, ref_slots, losses))
         report[case] = checks
     trainer.close()
     with open(os.path.join(OUT, "split_rank%d.json" % rank), "w") as f:
+        json.dump(report, f, indent=1)
+    hvd.shutdown()
+
+elif MODE == "restore":
+    # Adagrad on 16-wide tables (the shard splits each push around the next
+    # rows): steps looking one batch ahead, a checkpoint, two more steps, the
+    # last told the next batch X (the shard keeps a rest back, every rank
+    # holds X's keys), a restore -- then X and one more batch, against a
+    # fresh trainer restored from the same checkpoint taking the same steps
+    from horovod_prio.heter import checkpoint
+    ckpt, data = os.path.join(OUT, "ckpt"), list(batches(7))
+
+    def fresh_trainer(seed):
+        tf.keras.utils.set_random_seed(seed)
+        return HeterTrainer(build_wide(), tf.keras.losses.BinaryCrossentropy(from_logits=True),
+                            OPTS["adagrad"](), roles)
+
+    def continue_from_checkpoint(t):
+        """Restore, then X (told the batch after it), then that batch."""
+        report.setdefault("restored_step", []).append(checkpoint.restore(t, ckpt))
+        report.setdefault("ahead_after_restore", []).append(t._ahead is not None)
+        keys = t.exchange_counts["keys"]
+        losses = [t.step(*data[6], next_inputs=data[7][0]), t.step(*data[7])]
+        report.setdefault("keys_after_restore", []).append(t.exchange_counts["keys"] - keys)
+        return losses
+
+    report = {"role": roles.role(rank)}
+    trainer = fresh_trainer(3)
+    for i in range(4):
+        trainer.step(*data[i], next_inputs=data[i + 1][0])
+    checkpoint.save(trainer, ckpt)
+    trainer.step(*data[4], next_inputs=data[5][0])
+    trainer.step(*data[5], next_inputs=data[6][0])             # X = data[6]
+    if trainer.role == "ps":
+        report["rest_at_restore"] = trainer.shard._rest is not None
+    losses = continue_from_checkpoint(trainer)
+    reference_trainer = fresh_trainer(4)
+    ref_losses = continue_from_checkpoint(reference_trainer)
+    if trainer.role == "ps":
+        a, b = trainer.shard.state(), reference_trainer.shard.state()
+        report["steps"] = [a["step"], b["step"]]
+        report["parts"] = dict(trainer.shard.apply_parts)
+        report["equal"] = {"%s/%s" % (t, f): bool(np.array_equal(a["tables"][t][f],
+                                                                  b["tables"][t][f]))
+                           for t in a["tables"] for f in a["tables"][t] if f != "ids"}
+    elif trainer.role == "dense":
+        report["equal"] = {"%d %s" % (i, v.name): bool(np.array_equal(v.numpy(), w.numpy()))
+                           for i, (v, w) in enumerate(zip(
+                               trainer.dense_vars + trainer.optimizer.variables,
+                               reference_trainer.dense_vars + reference_trainer.optimizer.variables))}
+        report["losses"] = [losses, ref_losses]
+    trainer.close()
+    reference_trainer.close()
+    with open(os.path.join(OUT, "restore_rank%d.json" % rank), "w") as f:
         json.dump(report, f, indent=1)
     hvd.shutdown()
 
@@ -313,8 +370,8 @@ elif MODE == "kill":
                            OPTS["sgd"](), roles)
     real = trainer._alltoall
 
-    def dying(tensor, splits, set_name, what):
-        out = real(tensor, splits, set_name, what)
+    def dying(tensor, splits, set_name, what, *nbytes):
+        out = real(tensor, splits, set_name, what, *nbytes)
         if trainer.role == "ps" and trainer.steps == 3 and what == "keys":
             print("HETER_KILL rank %d exits mid-step %d" % (rank, trainer.steps), flush=True)
             os._exit(7)

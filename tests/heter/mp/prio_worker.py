@@ -12,6 +12,8 @@ a dense trainer's weights).
 --pause-at P: rank 0 stops before step P, writes OUT_DIR/paused and waits for
 OUT_DIR/resume (the other ranks wait in their collectives meanwhile).
 --boost B: rank 0's policy starts at boost B (as if it had seen slow steps).
+--fit: each step is told the next batch (the next keys ride with the row
+gradients, as in fit()).
 """
 import argparse
 import json
@@ -36,6 +38,7 @@ ap.add_argument("out")
 ap.add_argument("--steps", type=int, default=12)
 ap.add_argument("--pause-at", type=int, default=-1)
 ap.add_argument("--boost", type=int, default=0)
+ap.add_argument("--fit", action="store_true")
 args = ap.parse_args()
 logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
 
@@ -81,7 +84,8 @@ def counters():
     return dict(runtime.arbiter.counters) if runtime.arbiter is not None else None
 
 
-for i, (x, y) in enumerate(batches(7, args.steps)):
+data = list(batches(7, args.steps))
+for i, (x, y) in enumerate(data):
     if i == args.pause_at and rank == 0:
         with open(os.path.join(args.out, "paused.tmp"), "w") as f:
             json.dump({"step": i, "counters": counters()}, f)
@@ -89,7 +93,7 @@ for i, (x, y) in enumerate(batches(7, args.steps)):
         deadline = time.time() + 120
         while not os.path.exists(os.path.join(args.out, "resume")) and time.time() < deadline:
             time.sleep(0.05)
-    trainer.step(x, y)
+    trainer.step(x, y, next_inputs=data[i + 1][0] if args.fit and i + 1 < len(data) else None)
 runtime.pump()
 relay = ex.relay
 trainer.close()
