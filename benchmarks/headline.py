@@ -293,6 +293,16 @@ def compact(key: str, runner: str, rec: dict) -> dict:
     return out
 
 
+def wall_by_scenario(runs: list[dict]) -> dict:
+    """Seconds each scenario's runs took (set-up and clean-up included), in
+    the order the scenarios first ran; runs recorded without one are left out."""
+    out = {}
+    for r in runs:
+        if r.get("wall_s") is not None:
+            out[r["scenario"]] = out.get(r["scenario"], 0.0) + r["wall_s"]
+    return out
+
+
 # ---------------------------------------------------------------- rows
 def _med(xs):
     xs = [x for x in xs if x is not None]
@@ -664,6 +674,10 @@ def markdown(res: dict) -> str:
     if res.get("sim"):
         lines += ["", "Simulator: " + "; ".join(sim_text_of(k, e) for k, e in res["sim"].items())
                   + "."]
+    walls = wall_by_scenario(res["runs"])
+    if walls:
+        lines += ["", "Wall time: " + ", ".join(f"{k} {v / 60:.1f} min" for k, v in walls.items())
+                  + f"; {sum(walls.values()) / 60:.1f} min in all."]
     lines += ["", res["aa"]["text"], "",
               f"1-min load average at start {m['loadavg_start']:.1f}, end "
               f"{_f(m.get('loadavg_end'), '{:.1f}')}; runs ok "
@@ -816,12 +830,14 @@ def main(argv=None) -> int:
                            f"{' b' + str(r['batch']) if r.get('batch') else ''} "
                            f"(repeat {r['repeat'] + 1}/{args.repeats}; "
                            f"{time.monotonic() - t0:.0f}s elapsed, ~{left / 60:.0f} min left)")
+            t_run = time.monotonic()
             if s.runner == "bench":
                 rec = run.execute_run(r, a, workroot / key, progress)
             else:
                 rec = cluster.execute_run(r, a, workroot / key, secret_file, progress)
             raw[key]["runs"].append(rec)
-            res["runs"].append(compact(key, s.runner, rec))
+            res["runs"].append(dict(compact(key, s.runner, rec),
+                                    wall_s=time.monotonic() - t_run))
             progress.finish(rec["status"] + ("" if rec["status"] == "ok" else
                                              ": " + (rec.get("error") or "").splitlines()[0][:100]))
             summarize(res, scens, {})

@@ -218,6 +218,13 @@ def test_results_file_is_compact_and_its_table_has_every_row():
     for row in h.ROWS:
         assert f"| {row.title} |" in md
     assert "A/A resolution over 3 pair(s)" in md and "same sweep" in md
+    assert "Wall time" not in md                         # recorded before runs had one
+    for r in res["runs"]:
+        r["wall_s"] = 60.0 if r["scenario"] == "overlap-mnv2" else 30.0
+    md = h.markdown(res)
+    # 18 MobileNetV2 runs of a minute; 9 + 6 + 3 x 6 runs of 30 s
+    assert "overlap-mnv2 18.0 min" in md and "one-job 4.5 min" in md
+    assert "; 34.5 min in all." in md
 
 
 def test_compact_keeps_a_runs_values_not_its_series():
