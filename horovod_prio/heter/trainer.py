@@ -225,6 +225,8 @@ class HeterTrainer:
         self.steps = 0
         self._ahead = None           # the next_inputs' ids the step before was given
         self._pending = None         # what this rank received or made for them
+        #: this step's unique-key counts ("now", "next": :meth:`_unique_counts`)
+        self._counts = {}
         self.exchange_counts = collections.Counter()   # alltoalls this rank ran, by exchange
         self.dense_model = self._dense_part()
         from horovod_prio.heter.exchange import Exchanges
@@ -555,6 +557,8 @@ class HeterTrainer:
         n = len(labels)
         self._bounds = {"sparse": split_batch(n, len(self.sparse_ranks)),
                         "dense": split_batch(n, len(self.dense_ranks))}
+        # the next batch's counts, if the last step made them, are this batch's
+        self._counts = {"now": self._counts["next"]} if ahead and "next" in self._counts else {}
         self.steps += 1
         self.exchanges.begin()
         out = getattr(self, "_step_" + self.role)(inputs, labels, ahead, next_inputs, n_next)
@@ -588,11 +592,16 @@ class HeterTrainer:
                                                 nbytes)
         return out, received.numpy()
 
-    def _unique_counts(self, inputs, n):
+    def _unique_counts(self, inputs, n, which):
         """Unique keys of every sparse trainer's slice of a batch of ``n``
         samples, per group (tables of one width): (sparse trainers, groups).
         Only a holder that asks for whole collectives computes them
-        (``Exchanges.whole``): every rank holds the batch."""
+        (``Exchanges.whole``): every rank holds the batch. Counted once per
+        batch: ``which`` ("now": this step's, "next": the next step's) keys
+        them for the rest of the step, and "next" becomes the next step's
+        "now" when it comes as announced."""
+        if which in self._counts:
+            return self._counts[which]
         out = np.zeros((len(self.sparse_ranks), len(self.groups)), np.int64)
         for s, (lo, hi) in enumerate(split_batch(n, len(self.sparse_ranks))):
             for g, members in enumerate(self.groups):
@@ -600,6 +609,7 @@ class HeterTrainer:
                     [np.asarray(inputs[self.tables[i]["input"]][lo:hi], np.int64).reshape(-1)
                      + self.tables[i]["offset"] for i in members])
                 out[s, g] = len(np.unique(keys))
+        self._counts[which] = out
         return out
 
     def _whole_bytes(self, inputs, n, what, next_inputs=None, n_next=None):
@@ -612,12 +622,12 @@ class HeterTrainer:
             return None
         if what == "activation_grads":
             return 4 * n * self.features
-        counts = self._unique_counts(inputs, n)
+        counts = self._unique_counts(inputs, n, "now")
         if what == "keys":
             return 8 * int(counts.sum())
         rows = 4 * int((counts * np.asarray(self.group_dims, np.int64)).sum())
         if what == "row_grads" and next_inputs is not None:
-            rows += 8 * int(self._unique_counts(next_inputs, n_next).sum())
+            rows += 8 * int(self._unique_counts(next_inputs, n_next, "next").sum())
         return rows
 
     def _set_splits(self, set_name, ranks, counts):
