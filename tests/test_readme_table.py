@@ -21,16 +21,16 @@ def test_readme_table_is_what_the_script_generates():
 
 
 def test_rows_are_read_from_the_result_folders(tmp_path):
-    folder = "bench/overlap-mnv2-b128-b160-2026-12-05"
+    folder = "bench/overlap-default-mnv2-2026-12-05"
     shutil.copytree(ROOT / "results" / folder, tmp_path / folder,
                     ignore=shutil.ignore_patterns("*.json", "*.png"))
     md = tmp_path / folder / "results.md"
-    md.write_text(md.read_text().replace("| 0.539 |", "| 0.555 |").replace("git 01ea86d", "git abc1234"))
-    (h,) = [h for h in readme_table.HEADLINES if h[1] == folder]
+    md.write_text(md.read_text().replace("| 0.512 |", "| 0.555 |").replace("git 3a15705", "git abc1234"))
+    (h,) = [h for h in readme_table.HEADLINES if h[1] == folder and "batch 128" in h[0]]
     row = readme_table.headline_row(*h, root=tmp_path)
-    assert "| 0.664 | 0.555 | 1.22× (1.19–1.25) | 61% | 2026-12-05, git abc1234 |" in row
+    assert "| 0.622 | 0.555 | 1.22× (1.18–1.24) |" in row and "| 2026-12-05, git abc1234 |" in row
     assert "](results/%s/)" % folder in row
-    md.write_text(md.read_text().replace("mobilenetv2, 160", "mobilenetv2, 161"))
+    md.write_text(md.read_text().replace("mobilenetv2, 128", "mobilenetv2, 129"))
     with pytest.raises(ValueError, match="0 rows match"):
         readme_table.headline_row(*h, root=tmp_path)
 
