@@ -4,7 +4,7 @@ resolution.
 
     sudo .venv/bin/python -m benchmarks.headline               # full matrix (make bench)
     sudo .venv/bin/python -m benchmarks.headline --quick       # a reduced matrix, a few minutes
-    python tools/readme_table.py --write --from results/headline/<date>
+    python tools/readme_table.py --write --from results/headline/<date>   # (done by a full run)
 
 Runs the scenarios of :data:`SCENARIOS` through the existing runners --
 ``benchmarks.run`` (one shaped loopback link) and ``benchmarks.cluster`` (the
@@ -25,7 +25,9 @@ testbed rows whose model has a measured profile under ``results/sim/``, the
 simulator's prediction and its error (``benchmarks.sim_check.check``).
 
 Writes ``OUT/results.json.gz`` (compact: no step series; < 200 KB) and
-``OUT/results.md``; OUT defaults to ``results/headline/<UTC date>``
+``OUT/results.md`` and ``OUT/ratios.png`` (each row's ratio beside its bound); a full
+matrix with every run ok, written under ``results/headline/``, also regenerates the
+README's headline table from it (``--no-readme``: not). OUT defaults to ``results/headline/<UTC date>``
 (``--quick``: ``results/headline/quick-<date>``). ``--keep-raw`` also writes
 each scenario's full runner results under ``OUT/raw/<scenario>/`` (large: do
 not commit). Needs root.
@@ -168,6 +170,10 @@ def build_parser():
     p.add_argument("--out", default=None,
                    help="result folder (default results/headline/<date>, "
                         "--quick: results/headline/quick-<date>)")
+    p.add_argument("--no-readme", action="store_true",
+                   help="do not regenerate the README's headline table from a full sweep "
+                        "(default: a full matrix with every run ok, written under "
+                        "results/headline/, replaces it)")
     p.add_argument("--keep-raw", action="store_true",
                    help="also write every scenario's full runner results to OUT/raw/<key>/")
     p.add_argument("--resim", metavar="DIR", default=None,
@@ -743,10 +749,90 @@ def rebound(folder) -> dict:
     return res
 
 
-def write(res: dict, out: Path) -> None:
+PLOT = "ratios.png"
+
+
+def plot_points(res: dict) -> list[tuple]:
+    """What :func:`plot_rows` draws, per row with a ratio: (title, median ratio plain / ours,
+    the repeats' lowest and highest ratio, the best ratio the row's bound allows -- plain
+    Horovod's s/step / the bound's s/step -- or None where the row has no bound)."""
+    pts = []
+    for r in res["rows"]:
+        if r.get("ratio") is None:
+            continue
+        b = r["bound"]
+        best = r["base_s"] / b["s"] if b.get("s") and r.get("base_s") else None
+        pts.append((r["title"], r["ratio"], min(r["ratios"]), max(r["ratios"]), best))
+    return pts
+
+
+def plot_rows(res: dict, path: Path) -> Path | None:
+    """One bar per row with a ratio (:func:`plot_points`): the median ratio, a line over
+    the repeats' range and a black tick at the bound's ratio. None if no row has a ratio."""
+    pts = plot_points(res)
+    if not pts:
+        return None
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import textwrap
+
+    fig, ax = plt.subplots(figsize=(10, 0.45 * len(pts) + 1.2), dpi=80)
+    ys = list(range(len(pts)))[::-1]
+    for y, (_, ratio, lo, hi, best) in zip(ys, pts):
+        ax.barh(y, ratio, color="tab:blue" if ratio >= 1 else "tab:orange", height=0.6)
+        ax.plot([lo, hi], [y, y], color="0.2", lw=1)
+        if best is not None:
+            ax.plot([best], [y], "|", color="k", ms=14, mew=2)
+    ax.axvline(1.0, color="0.5", lw=1, ls="--")
+    ax.set_yticks(ys)
+    ax.set_yticklabels([textwrap.shorten(p[0].replace("`", ""), 75, placeholder="…")
+                        for p in pts], fontsize=7)
+    ax.set_xlabel("plain Horovod s/step ÷ horovod_prio s/step: bar = median, line = the "
+                  "repeats, tick = the bound", fontsize=8)
+    m = res["meta"]
+    ax.set_title(f"{m['date'][:10]}, git {m['git']}, repeats={m['repeats']}", fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)
+    return path
+
+
+def write(res: dict, out: Path, plot: bool = False) -> None:
+    """``results.json.gz`` and ``results.md``; ``plot``: also :data:`PLOT` (the rows' ratios
+    beside their bounds)."""
     out.mkdir(parents=True, exist_ok=True)
     results_io.save(out, res, raw=False)
     (out / "results.md").write_text(markdown(res))
+    if plot:
+        plot_rows(res, out / PLOT)
+
+
+def update_readme(res: dict, out: Path, readme: Path | None = None, repo: Path = REPO) -> str:
+    """Regenerate the README's headline table (and its plot line) from ``out``, the way
+    ``python tools/readme_table.py --write --from OUT`` does, where the sweep may stand for
+    the README: a full matrix (not ``--quick``, not ``--only``), every run ok, written under
+    this repository's ``results/headline/``. Returns what was done or why not."""
+    if res["meta"].get("quick") or res["meta"].get("only"):
+        return "README not updated: a partial matrix (--quick/--only)"
+    if any(r["status"] != "ok" for r in res["runs"]) or res["meta"].get("interrupted"):
+        return "README not updated: not every run ended ok"
+    try:
+        rel = out.resolve().relative_to(repo.resolve())
+    except ValueError:
+        return f"README not updated: {out} is not inside {repo}"
+    if rel.parent != Path("results/headline"):
+        return f"README not updated: {rel} is not a folder of results/headline/"
+    sys.path.insert(0, str(REPO / "tools"))
+    try:
+        import readme_table
+    finally:
+        sys.path.pop(0)
+    readme = readme or readme_table.README
+    text = readme.read_text()
+    tab = readme_table.table(source=str(rel), repo=repo)
+    readme.write_text(readme_table.render(text, tab, str(rel)))
+    return f"README's headline table regenerated from {rel}"
 
 
 def machine() -> dict:
@@ -764,7 +850,7 @@ def main(argv=None) -> int:
             sys.stderr.write(f"python -m benchmarks.headline: error: argument --rebound: "
                              f"cannot re-render {args.rebound}: {e}\n")
             return 2
-        write(res, Path(args.rebound))
+        write(res, Path(args.rebound), plot=True)
         sys.stdout.write(markdown(res))
         return 0
     if args.resim is not None:
@@ -810,6 +896,7 @@ def main(argv=None) -> int:
         "command": command, "date": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
         "git": git_rev(), "machine": machine(), "loadavg_start": os.getloadavg()[0],
         "loadavg_end": None, "repeats": args.repeats, "quick": args.quick,
+        "only": args.only,
         "scenarios": {s.key: {"runner": s.runner,
                               "argv": list(s.quick_argv if args.quick else s.argv)} for s in scens},
         "estimate_s": estimate_s(scens, plans)}, "runs": [], "rows": [], "aa": {}}
@@ -857,7 +944,9 @@ def main(argv=None) -> int:
     res["sim"] = sim_summary(sims, why)
     res["meta"]["loadavg_end"] = os.getloadavg()[0]
     summarize(res, scens, sims)
-    write(res, out)
+    write(res, out, plot=True)
+    if not args.no_readme:
+        sys.stderr.write(f"[headline] {update_readme(res, out)}\n")
     if args.keep_raw:
         for key, data in raw.items():
             results_io.save(out / "raw" / key, data)

@@ -18,7 +18,8 @@ bound, and the run's date and git commit from its
 that folder measured from its ``results.json.gz`` instead (matched by the
 scenario text); the other rows keep their folders. The folder is recorded in
 the README's begin marker, so ``--write`` and ``--check`` without ``--from``
-keep using it.
+keep using it. Where that folder holds ``ratios.png`` (the sweep's plot of each
+row's ratio beside its bound), the line under the table shows it.
 """
 import argparse
 import re
@@ -29,6 +30,7 @@ REPO = Path(__file__).resolve().parent.parent
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 from benchmarks.netns import MTU as LO_MTU  # noqa: E402
+from benchmarks.headline import PLOT  # noqa: E402
 from benchmarks.report import bound_cells  # noqa: E402
 from benchmarks.testbed import MTU as TESTBED_MTU  # noqa: E402
 from horovod_prio.sim.wire import wire_factor  # noqa: E402
@@ -231,6 +233,9 @@ def table(root=REPO / "results", source=None, repo=REPO):
              "| share of the bound | run | result folder |",
              "|---|---|---|---|---|---|---|"]
     lines += [fresh.get(h[0]) or headline_row(*h, root=root) for h in HEADLINES]
+    if source and (repo / source / PLOT).is_file():
+        lines += ["", "![each row's ratio (bar) beside its bound (black tick)](%s/%s)"
+                  % (source, PLOT)]
     return "\n".join(lines)
 
 

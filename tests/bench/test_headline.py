@@ -470,3 +470,68 @@ def test_a_calibration_run_applies_only_to_its_own_link_model_batch_and_pinning(
     assert costs == {} and why == ("not calibrated: the calibration run differs in "
                                    "rate (400mbit vs 1gbit), pin (rack vs job)")
     assert h.calibration_for(meta, None)[1].startswith("not calibrated: no run")
+
+
+def _full_result():
+    scens = list(h.SCENARIOS)
+    runs = []
+    for rep in range(3):
+        runs += [_bench(rep, ["horovod"], 0.73), _bench(rep, ["prio"], 0.70 + 0.01 * rep),
+                 _bench(rep, [h.AA_CONTROL], 0.74)]
+        runs += [_bench(rep, c, 0.6, batch=b, scen="overlap-mnv2")
+                 for b in (128, 256) for c in (["horovod"], ["overlap"])]
+        runs += [_cl(rep, v, [0.4, 0.5], [0.27, None], scen=k)
+                 for k in ("classes", "join", "identical-arbiter") for v in ("hvd", "spec")]
+    return _result(runs, scens)
+
+
+def test_the_plot_draws_the_rows_that_have_a_ratio(tmp_path):
+    res = _full_result()
+    pts = h.plot_points(res)
+    assert [p[0] for p in pts] == [r["title"] for r in res["rows"] if r["ratio"] is not None]
+    one = pts[0]
+    assert one[1:4] == pytest.approx((0.73 / 0.71, 0.73 / 0.72, 0.73 / 0.70))
+    row = res["rows"][0]
+    assert one[4] == pytest.approx(row["base_s"] / row["bound"]["s"]) and one[4] > 1
+    assert any(p[4] is None for p in pts)          # the rows that yield by design: no bound
+    path = h.plot_rows(res, tmp_path / h.PLOT)
+    assert path == tmp_path / h.PLOT and path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    for r in res["rows"]:
+        r["ratio"] = None
+    assert h.plot_rows(res, tmp_path / "none.png") is None and not (tmp_path / "none.png").exists()
+
+
+def test_a_full_sweep_regenerates_the_readme_table_and_a_partial_one_does_not(tmp_path):
+    import importlib.util
+    spec = importlib.util.spec_from_file_location("readme_table_t", h.REPO / "tools" / "readme_table.py")
+    readme_table = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(readme_table)
+    repo = tmp_path / "repo"
+    out = repo / "results" / "headline" / "2026-12-07-x"
+    res = _full_result()
+    h.write(res, out, plot=True)
+    assert (out / h.PLOT).is_file()
+    readme = repo / "README.md"
+    before = readme_table.README.read_text()
+    readme.write_text(before)
+    for meta, needle in ((dict(quick=True), "partial matrix"), (dict(only=["classes"]), "partial"),
+                         (dict(interrupted=True), "not every run")):
+        r2 = dict(res, meta=dict(res["meta"], **meta))
+        assert needle in h.update_readme(r2, out, readme, repo=repo)
+        assert readme.read_text() == before
+    assert "not inside" in h.update_readme(res, tmp_path / "elsewhere", readme, repo=repo)
+    assert "not a folder of results/headline" in h.update_readme(res, repo / "results" / "x",
+                                                                 readme, repo=repo)
+    assert readme.read_text() == before
+    assert "regenerated from results/headline/2026-12-07-x" in h.update_readme(
+        res, out, readme, repo=repo)
+    text = readme.read_text()
+    assert readme_table.source_of(text) == "results/headline/2026-12-07-x"
+    title = h.ROWS[0].title
+    line = next(ln for ln in readme_table.current(text).splitlines() if ln.startswith(f"| {title} |"))
+    assert "| 0.730 | 0.710 |" in line and "2026-12-07, git abc1234" in line
+    assert "(results/headline/2026-12-07-x/ratios.png)" in readme_table.current(text)
+    res["runs"][0]["status"] = "failed"
+    readme.write_text(before)
+    assert "not every run" in h.update_readme(res, out, readme, repo=repo)
+    assert readme.read_text() == before
