@@ -32,7 +32,7 @@ conformance: install
 run: install
 	$(BIN)/python -m horovod_prio.examples.run_default
 
-# The README's headline matrix (about 33 min, measured; BENCH_ARGS=--quick: a few minutes). Needs root.
+# The README's headline matrix (about 28 min, measured; BENCH_ARGS=--quick: a few minutes). Needs root.
 BENCH_ARGS ?=
 bench: install
 	$(BIN)/python -m benchmarks.headline $(BENCH_ARGS)
