@@ -601,15 +601,16 @@ def test_inline_order_gives_the_input_side_gradient_first():
 
 
 def test_in_inline_order_the_class0_job_gets_the_link_once_per_class1_step():
-    """The headline's class scenario (the MLP at batch 64, the testbed's compute
-    scale and per-collective time): in backprop order the class-1 job's small
-    output-side chunk goes first and leaves a gap before its big layer's chunks,
-    a second class-0 window (the model before git of this test: 2 class-1 steps
-    per class-0 step at no per-collective time). In the testbed's order (inline) the
-    class-1 job asks for nothing until its input-side layer's gradient and holds
-    requests or grants from there to its step's end: every class-0 grant falls in
-    the one window between the class-1 job's last completion of a step and its
-    first request of the next."""
+    """The headline's class scenario (the harness's MLP at batch 64 at a testbed
+    compute scale, 1 Gbit/s with MTU 1500 frames, the 8 MiB credit, no
+    per-collective time). In backprop order the class-1 job's small output-side
+    chunk goes first and leaves a gap before its big layer's chunks: class-0 grants
+    inside its backward pass, 2 class-1 steps per class-0 step. In the testbed's
+    order (inline) the class-1 job asks for nothing until its input-side layer's
+    gradient and holds requests or grants from there to its step's end: every
+    class-0 grant falls in the one window between the class-1 job's last completion
+    of a step and its first request of the next, and the class-0 step is a whole
+    number of class-1 steps."""
     k = 0.75
     mlp = Profile("mlp", tuple(Layer(n, p, f * k, b * k) for n, p, f, b in (
         ("dense", 1607680, 0.00687, 0.01732), ("dense_1", 4196352, 0.01590, 0.06799),
