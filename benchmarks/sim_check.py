@@ -211,8 +211,17 @@ def _sim_jobs(results: dict, variant: str, profile: Profile, offsets=None):
                  else offsets[i])
         jobs.append(JobSpec(profile, 2, int(d["steps"]) + int(meta["warmup"]),
                             start=start, name="job%d" % i,
-                            seed=i, job_class=int(cls or 0)))
+                            seed=i, job_class=int(cls or 0), grad_order=grad_order(meta)))
     return jobs, mode
+
+
+def grad_order(meta: dict) -> str:
+    """The order the testbed's jobs produced their gradients in
+    (:func:`horovod_prio.sim.engine.gradient_ready`): "inline" with one TensorFlow
+    inter-op thread (the runner's default, and what TensorFlow picks for a process
+    on one core), "backprop" with more or where the record does not say."""
+    n = meta.get("inter_threads") or meta.get("threads")
+    return "inline" if n is not None and int(n) == 1 else "backprop"
 
 
 def _sim_stats(r, jobs, warmup):

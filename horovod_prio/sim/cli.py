@@ -23,7 +23,7 @@ from typing import List, Optional
 from ..arbiter.core import Arbiter
 from ..method import units
 from ..method.config import PriorityConfig
-from .engine import MODES, TOPOLOGIES, JobSpec, LinkConfig, simulate
+from .engine import GRAD_ORDERS, MODES, TOPOLOGIES, JobSpec, LinkConfig, simulate
 from .profiles import BUILTIN, DEFAULT_TFLOPS, get_profile
 from .report import markdown_table, summarize, write_outputs
 
@@ -95,6 +95,10 @@ def build_parser() -> argparse.ArgumentParser:
     a("--jitter", type=_float_range(0, 1), default=0.02,
       help="per-step compute time noise, x U(1-j, 1+j) (default 0.02)")
     a("--seed", type=int, default=0)
+    a("--grad-order", choices=GRAD_ORDERS, default="backprop",
+      help="the order the backward pass produces the gradients in: backprop (layer by layer "
+           "from the output side) or inline (TensorFlow with one inter-op thread: the input "
+           "side's first; docs/sim.md) (default backprop)")
     a("--mode", choices=list(MODES) + ["all"], default="all")
     a("--tflops", type=_float_range(0, lo_open=True), default=DEFAULT_TFLOPS,
       help=f"effective compute throughput for built-in models (default {DEFAULT_TFLOPS:g})")
@@ -222,7 +226,8 @@ def _run(args, argv) -> int:
         raise ValueError(f"argument --{str(e).split()[0].replace('_', '-')}: {e}") from None
     jobs = [JobSpec(profiles[names[k % len(names)]], args.workers,
                     args.steps[k % len(args.steps)], start=k * args.stagger,
-                    name=f"job{k}", jitter=args.jitter, seed=args.seed)
+                    name=f"job{k}", jitter=args.jitter, seed=args.seed,
+                    grad_order=args.grad_order)
             for k in range(args.jobs)]
     modes = list(MODES) if args.mode == "all" else [args.mode]
     t0 = time.perf_counter()
@@ -232,7 +237,7 @@ def _run(args, argv) -> int:
         for k, j in enumerate(jobs):
             key = (j.profile.name, j.steps)
             if key not in cache:
-                solo = JobSpec(j.profile, j.workers, j.steps, 0.0, j.name, j.jitter, j.seed)
+                solo = replace(j, start=0.0)
                 r = simulate([solo], "fifo", link, pcfg)
                 xs = r.step_times(0)[1:] or r.step_times(0)
                 cache[key] = statistics.fmean(xs)
@@ -251,7 +256,8 @@ def _run(args, argv) -> int:
                 "link": vars(link), "priority": pcfg.as_dict(redact_secrets=True),
                 "models": {n: {"params": p.params, "compute_s": p.compute_s, "source": p.source}
                            for n, p in profiles.items()},
-                "jitter": args.jitter, "seed": args.seed, "stagger": args.stagger}
+                "jitter": args.jitter, "seed": args.seed, "stagger": args.stagger,
+                "grad_order": args.grad_order}
         paths = write_outputs(args.out, rows, results, meta, plot=not args.no_plot, title=title)
         print("wrote " + ", ".join(paths), file=sys.stderr)
     print(f"# {title}  (simulated in {elapsed:.2f} s)")

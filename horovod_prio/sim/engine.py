@@ -10,7 +10,10 @@ Model (see docs/sim.md for the discussion):
 * **Compute**: forward over the layers, then backward in backprop order; the
   gradient of layer i is ready when its backward finishes. The next step
   starts when backward is done and every allreduce of the step has finished
-  (Horovod's synchronous ``apply_gradients``) plus ``step_overhead``.
+  (Horovod's synchronous ``apply_gradients``) plus ``step_overhead``. With
+  ``JobSpec.grad_order = "inline"`` (TensorFlow with one inter-op thread) the
+  gradients come in the executor's order instead: the input side's first
+  (:func:`gradient_ready`).
 * **Allreduce cost** of S gradient bytes on N workers:
   ``2(N-1)*latency`` (one per ring hop, a pure delay that does not occupy the
   link) then ``link_bytes`` through the link, with
@@ -89,6 +92,7 @@ from . import wire
 from .profiles import Profile
 
 MODES = ("fifo", "priority", "arbiter", "adaptive")
+GRAD_ORDERS = ("backprop", "inline")
 TOPOLOGIES = ("nic", "bus")
 _EPS_BYTES = 1e-3
 
@@ -157,6 +161,10 @@ class JobSpec:
     seed: int = 0
     job_class: int = 0    # the job's priority class at the arbiter (HOROVOD_PRIO_JOB_PRIORITY)
     overlap: bool = False  # barrier crossing (hvd.overlap): see docs/sim.md
+    #: the order the backward pass produces the gradients in (:data:`GRAD_ORDERS`,
+    #: :func:`gradient_ready`): "backprop" (layer by layer from the output side) or
+    #: "inline" (TensorFlow's executor with one inter-op thread)
+    grad_order: str = "backprop"
 
 
 @dataclass
@@ -355,14 +363,9 @@ class _Job:
             self.delay = 2.0 * (n - 1) * cfg.latency
         # forward layer order -> backprop order; ready offsets from step start
         fwd = prof.forward_s
-        t = fwd
-        ready: List[float] = []     # per task, backprop order
-        sizes: List[int] = []
-        for layer in reversed(prof.layers):
-            t += layer.backward_s
-            if layer.params > 0:
-                ready.append(t)
-                sizes.append(layer.params * prof.dtype_bytes)
+        ready, t = gradient_ready(prof, spec.grad_order)   # per task, backprop order
+        sizes: List[int] = [layer.params * prof.dtype_bytes
+                            for layer in reversed(prof.layers) if layer.params > 0]
         self.compute_s = t
         self.task_ready, self.task_bytes = ready, sizes
         self.rng = random.Random(f"{spec.seed}:{idx}") if spec.jitter > 0 else None
@@ -701,6 +704,9 @@ def simulate(jobs: Sequence[JobSpec], mode: str, link: Optional[LinkConfig] = No
             raise ValueError(f"jobs[{i}].start must be a finite number >= 0, got {j.start!r}")
         if not (isinstance(j.jitter, numbers.Real) and 0 <= j.jitter < 1):
             raise ValueError(f"jobs[{i}].jitter must be a number in [0, 1), got {j.jitter!r}")
+        if j.grad_order not in GRAD_ORDERS:
+            raise ValueError(f"jobs[{i}].grad_order must be one of {', '.join(GRAD_ORDERS)}, "
+                             f"got {j.grad_order!r}")
     sim = _Sim()
     ln = _SharedLink(sim, link.bandwidth)
     arb = None
@@ -722,6 +728,43 @@ def simulate(jobs: Sequence[JobSpec], mode: str, link: Optional[LinkConfig] = No
     if arb is not None:
         res.arbiter_grants, res.starvation_grants = arb.grants, arb.starvation_grants
     return res
+
+
+def gradient_ready(profile: Profile, order: str = "backprop"):
+    """``(ready, compute_s)``: when each layer with parameters has its gradient,
+    seconds from the step's start, in backprop order (output side first, as the
+    tasks), and when the backward pass ends. Forward over the layers first, then
+    the backward pass, whose length is the layers' ``backward_s`` in either order:
+
+    * ``"backprop"``: layer by layer from the output side; a layer's gradient is
+      ready when its backward ends.
+    * ``"inline"``: TensorFlow's executor with one inter-op thread. It runs the
+      chain of input gradients inline down to the first layer and the weight
+      gradients queued beside it afterwards, the newest (input side) first. So
+      each layer's backward splits into its input-gradient half and its
+      weight-gradient half (a dense or convolution layer's two products cost
+      the same); the chain of input-gradient halves runs first, output side
+      first, then the weight-gradient halves from the input side, and a layer's
+      gradient is ready when its weight-gradient half ends: the input side's
+      gradient comes first and the output side's last."""
+    if order not in GRAD_ORDERS:
+        raise ValueError(f"grad_order must be one of {', '.join(GRAD_ORDERS)}, got {order!r}")
+    t = profile.forward_s
+    ready: List[float] = []
+    if order == "backprop":
+        for layer in reversed(profile.layers):
+            t += layer.backward_s
+            if layer.params > 0:
+                ready.append(t)
+        return ready, t
+    # the input-gradient chain, then the weight gradients from the input side
+    t += sum(0.5 * layer.backward_s for layer in profile.layers)
+    for layer in profile.layers:
+        t += 0.5 * layer.backward_s
+        if layer.params > 0:
+            ready.append(t)
+    ready.reverse()
+    return ready, t
 
 
 def comm_floor(profile: Profile, workers: int, link: LinkConfig) -> float:

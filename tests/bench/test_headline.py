@@ -380,8 +380,10 @@ def _simulated_cluster_run(r, meta, overhead):
     prof = sim_check._scaled(load_profile(str(h.REPO / "results/sim/profile_mlp_b64.json")), 0.8)
     warmup, steps = meta["warmup"], meta["jobs"][0]["steps"]
     mode = {"hvd": "fifo", "prio": "priority", "spec": "adaptive"}[r["variant"]]
-    res = simulate([JobSpec(prof, 2, steps + warmup)], mode,
-                   sim_check._link(meta, overhead=overhead), sim_check.PriorityConfig.from_env({}))
+    # the gradient order the check models the recorded run in (one inter-op thread)
+    res = simulate([JobSpec(prof, 2, steps + warmup, grad_order=sim_check.grad_order(meta))],
+                   mode, sim_check._link(meta, overhead=overhead),
+                   sim_check.PriorityConfig.from_env({}))
     st = [{"step": k, "t_start": s.start, "t_end": s.end, "warmup": k < warmup,
            "cpu_start": 0.0, "cpu_end": 0.1} for k, s in enumerate(res.steps[0])]
     lo, hi = st[warmup]["t_start"], st[-1]["t_end"]

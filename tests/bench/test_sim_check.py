@@ -396,3 +396,22 @@ def test_the_testbed_uplink_carries_its_frames_headers():
     from benchmarks import cluster
     a = cluster.parse_args(["--job", "arb", "--repeats", "1"])
     assert cluster.results_meta(a, ["hvd"], "x")["mtu"] == testbed.MTU == 1500
+
+
+def test_one_inter_op_thread_gives_the_inline_gradient_order():
+    """The testbed's jobs run one TensorFlow inter-op thread (the runner's default),
+    which produces the input side's gradients first (docs/sim.md): the model of a run
+    follows the record's thread count; a record without one keeps layer order."""
+    meta = _meta(2, ["hvd", "spec"], 3, 10)
+    assert sim_check.grad_order(meta) == "backprop"
+    assert sim_check.grad_order(dict(meta, threads=1, inter_threads=1)) == "inline"
+    assert sim_check.grad_order(dict(meta, threads=1)) == "inline"
+    assert sim_check.grad_order(dict(meta, threads=1, inter_threads=2)) == "backprop"
+    for variant in ("hvd", "spec"):
+        jobs, _ = sim_check._sim_jobs({"meta": dict(meta, inter_threads=1)}, variant, _toy())
+        assert [j.grad_order for j in jobs] == ["inline", "inline"]
+    from benchmarks import cluster
+    a = cluster.parse_args(["--job", "arb", "--repeats", "1"])
+    assert sim_check.grad_order(cluster.results_meta(a, ["hvd"], "x")) == "inline"
+    a = cluster.parse_args(["--job", "arb", "--repeats", "1", "--inter-threads", "2"])
+    assert sim_check.grad_order(cluster.results_meta(a, ["hvd"], "x")) == "backprop"

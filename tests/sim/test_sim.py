@@ -4,6 +4,7 @@ No TensorFlow here except test_profile_py_measures_keras_model, which is
 skipped when TensorFlow is not installed.
 """
 import importlib.util
+from dataclasses import replace
 import json
 import os
 import statistics
@@ -565,6 +566,82 @@ def test_the_time_a_collective_takes_decides_how_often_a_class0_job_gets_the_lin
     assert statistics.median(waits[1]) == pytest.approx(statistics.median(waits[0]), rel=0.1)
 
 
+def test_inline_order_gives_the_input_side_gradient_first():
+    """With one inter-op thread TensorFlow runs the input-gradient chain first and
+    the queued weight gradients after it, input side first (the binding's chunk
+    trace of the harness's MLP: the first layer's chunks ready at about 70 % of the
+    step's compute, every other layer's at its end). By hand: each layer's backward
+    is half input gradient, half weight gradient; the backward pass is as long in
+    either order."""
+    prof = Profile("t", (Layer("in", 10, 0.01, 0.04), Layer("relu", 0, 0.001, 0.002),
+                         Layer("mid", 20, 0.02, 0.08), Layer("out", 30, 0.003, 0.006)))
+    fwd = 0.034
+    ready, end = engine.gradient_ready(prof, "backprop")       # tasks: out, mid, in
+    assert ready == pytest.approx([fwd + 0.006, fwd + 0.086, fwd + 0.128])
+    assert end == pytest.approx(fwd + 0.128)
+    ready, end = engine.gradient_ready(prof, "inline")
+    chain = fwd + 0.064                                         # every input-gradient half
+    assert ready == pytest.approx([chain + 0.064, chain + 0.061, chain + 0.02])
+    assert end == pytest.approx(fwd + 0.128)
+    with pytest.raises(ValueError, match="grad_order must be one of backprop, inline, got 'x'"):
+        engine.gradient_ready(prof, "x")
+    # the simulated job asks the arbiter for each layer's chunks when that layer's
+    # gradient is ready: the output side's first in backprop order, the input side's
+    # first inline
+    link = LinkConfig(bandwidth=1e9, latency=0.0, cycle_time=0.0)
+    big = Profile("t", tuple(replace(layer, params=layer.params * 400_000)
+                             for layer in prof.layers))
+    for order in ("backprop", "inline"):
+        r = simulate([JobSpec(big, 2, 3, grad_order=order)], "arbiter", link, pcfg(num_groups=3))
+        t0 = r.steps[0][1].start
+        asked = sorted({round(a - t0, 9) for a, _, _ in r.grant_waits[0] if t0 <= a < r.steps[0][1].end})
+        assert asked == pytest.approx(sorted(engine.gradient_ready(big, order)[0])), (order, asked)
+    ready, _ = engine.gradient_ready(big, "inline")
+    assert ready[2] < ready[1] < ready[0]           # in, mid, out
+
+
+def test_in_inline_order_the_class0_job_gets_the_link_once_per_class1_step():
+    """The headline's class scenario (the harness's MLP at batch 64 at a testbed
+    compute scale, 1 Gbit/s with MTU 1500 frames, the 8 MiB credit, no
+    per-collective time). In backprop order the class-1 job's small output-side
+    chunk goes first and leaves a gap before its big layer's chunks: class-0 grants
+    inside its backward pass, 2 class-1 steps per class-0 step. In the testbed's
+    order (inline) the class-1 job asks for nothing until its input-side layer's
+    gradient and holds requests or grants from there to its step's end: every
+    class-0 grant falls in the one window between the class-1 job's last completion
+    of a step and its first request of the next, and the class-0 step is a whole
+    number of class-1 steps."""
+    k = 0.75
+    mlp = Profile("mlp", tuple(Layer(n, p, f * k, b * k) for n, p, f, b in (
+        ("dense", 1607680, 0.00687, 0.01732), ("dense_1", 4196352, 0.01590, 0.06799),
+        ("dense_2", 524544, 0.00170, 0.00500), ("dense_3", 2570, 0.00048, 0.00008))))
+    link = LinkConfig(bandwidth=1e9 / 8, arbiter_credit=8 << 20, mtu=1500)
+
+    def windows(order):
+        jobs = [JobSpec(mlp, 2, 40, job_class=1, grad_order=order),
+                JobSpec(mlp, 2, 8, start=1.0, job_class=0, grad_order=order)]
+        r = simulate(jobs, "adaptive", link, pcfg())
+        hi, lo = (statistics.median(window_steps(r, j)) for j in range(2))
+        t0, t1 = r.steps[1][1].start, r.steps[1][-1].end
+        first = sorted(a for a, _, _ in r.grant_waits[0])    # class-1 requests
+        per_step = []
+        for s in r.steps[0]:
+            if s.start < t0 or s.end > t1:
+                continue
+            # class-0 grants between this class-1 step's first request and its end
+            req = [a for a in first if s.start <= a < s.end]
+            inside = [b for _, b, _ in r.grant_waits[1] if req and req[0] < b < s.end - 1e-9
+                      and any(a <= b for a in req)]
+            per_step.append(len(inside))
+        return hi, lo, per_step
+
+    hi, lo, gaps = windows("backprop")
+    assert lo / hi == pytest.approx(2.0, abs=0.2) and max(gaps) > 0, (hi, lo, gaps)
+    hi, lo, gaps = windows("inline")
+    assert len(gaps) > 10 and max(gaps) == 0, gaps
+    assert lo / hi == pytest.approx(round(lo / hi), abs=0.2), (hi, lo)
+
+
 def test_mtu_puts_each_frames_headers_on_the_link():
     """With an MTU the link carries 1514 bytes per 1448 of payload (TCP/IPv4 with
     timestamps over Ethernet, MTU 1500): a job whose step is all communication
@@ -683,6 +760,9 @@ def test_simulate_rejects_bad_arguments():
         simulate([JobSpec(toy(), 2, 1)], "arbiter", LinkConfig(arbiter_rtt=float("nan")))
     with pytest.raises(ValueError, match="arbiter_class_reserve"):
         simulate([JobSpec(toy(), 2, 1)], "arbiter", LinkConfig(arbiter_class_reserve=1))
+    with pytest.raises(ValueError, match=r"jobs\[0\]\.grad_order must be one of backprop, "
+                                         r"inline, got 'lifo'"):
+        simulate([JobSpec(toy(), 2, 1, grad_order="lifo")], "fifo")
     for bad in (67, -1, 1500.0, True):
         with pytest.raises(ValueError, match="mtu must be 0 .* got %r" % (bad,)):
             simulate([JobSpec(toy(), 2, 1)], "fifo", LinkConfig(mtu=bad))
@@ -709,6 +789,7 @@ def test_simulate_rejects_bad_arguments():
     (["--mtu", "67"], "--mtu"),
     (["--mtu", "1.5k"], "--mtu"),
     (["--jitter", "1.5"], "--jitter"),
+    (["--grad-order", "lifo"], "--grad-order"),
     (["--jobs", "3", "--steps", "1,2"], "--steps"),
 ])
 def test_cli_errors_name_the_flag(args, flag, capsys):
@@ -746,6 +827,13 @@ def test_cli_job_side_costs_reach_the_model(tmp_path):
     # --mtu: the frames' headers on a slow link (comm-bound: the step grows with them)
     slow = ("--bandwidth", "100mbit", "--jitter", "0")
     assert mean_step("fifo", *slow, "--mtu", "1500") > 1.03 * mean_step("fifo", *slow)
+    # --grad-order inline: resnet50's input-side chunks go first, so its output-side
+    # gradients (the last stage, most of its bytes) leave at the end of the backward pass
+    assert mean_step("priority", "--grad-order", "inline") > 1.02 * mean_step("priority")
+    assert cli.main(["--model", "resnet50", "--jobs", "1", "--steps", "2", "--mode", "fifo",
+                     "--grad-order", "inline", "--out", str(tmp_path / "g"), "--no-plot"]) == 0
+    assert json.loads((tmp_path / "g" / "results.json").read_text())["meta"]["grad_order"] \
+        == "inline"
 
 
 def test_cli_dispatch_and_validate(tmp_path, capsys):
