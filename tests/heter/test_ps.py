@@ -211,14 +211,17 @@ def test_keys_of_all_tables_name_a_bad_id_and_need_one_width():
 @pytest.mark.parametrize("kind,dims,split", [
     ("adagrad", (16, 16), True), ("adagrad", (16, 32), True), ("sgd", (3, 3), True),
     ("sgd", (3, 5), True), ("adagrad", (4, 4), False), ("adagrad", (16, 12), "a"),
-    ("adam", (16, 16), False)])
+    ("adam", (16, 16), True), ("adam", (3, 3), True), ("adam", (4, 3), True)])
 def test_a_push_split_around_the_next_rows_keeps_the_bits(kind, dims, split):
     """Given the next step's keys, a push applies the rows the next step reads,
     the next rows are gathered, then flush() applies the rest: every gathered
     row and the final state are bit for bit those of one whole apply per step,
-    with grappler on. It splits where that is exact (Optimizer.splits: SGD;
-    Adagrad rows a multiple of 64 bytes; "a": only table a's rows), else
-    applies whole. Tables of one width take apply_keys, of two apply_local."""
+    with grappler on. It splits where that is exact (Optimizer.splits: SGD and
+    Adam; Adagrad rows a multiple of 64 bytes; "a": only table a's rows), else
+    applies whole. Tables of one width take apply_keys, of two apply_local.
+    Adam moves every row each step: its first part is every row the next step
+    reads (touched or not), its rest every other row (touched or not), both
+    with the step's bias correction."""
     rng = np.random.default_rng(11)
     rows = {"a": 29, "b": 13}
     init = {n: rng.standard_normal((r, d)).astype(np.float32)
