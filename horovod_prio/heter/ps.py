@@ -202,6 +202,9 @@ class Optimizer:
             kept = [copy_var] + [copy_slots[s] for s in names]
             for target, done in zip([var] + [slots[s] for s in names], kept):
                 target.scatter_update(tf.IndexedSlices(done.read_value(), rows))
+            empty = tf.zeros([0, int(var.shape[1])], var.dtype)
+            for done in kept:                # nothing holds the copy between steps
+                done.assign(empty)
         elif part == "rest":
             targets = [var] + [slots[s] for s in names]
             kept = [tf.gather(t, rows) for t in targets]
@@ -279,7 +282,9 @@ class Shard:
                                                name="heter_%s_%s_shard%d" % (name, s, index))
                                 for s in optimizer.slot_names}
         self._gather = self._rows_fns = None
-        self._apply = {}
+        #: graph calls of the applies: gradients at the shard's step (None),
+        #: and the parts of a step that moves every row ("ahead", "rest")
+        self._apply, self._apply_parts_fns = {}, {}
         #: one-part and two-part applies: "whole", "ahead" (the rows the next
         #: step reads, of a split push), "rest" (the other rows, at
         #: :meth:`flush`), "rest_late" (a rest the next apply or pull had to
@@ -393,34 +398,46 @@ class Shard:
         or not; the rest is every other row). A row's gradients all go to one
         part, in their order, so each part sums them as the whole would; both
         parts take this step's count (Adam's bias correction)."""
-        import tensorflow as tf
         self.flush("rest_late")
         table_of = np.asarray(table_of, np.int64)
         local = np.asarray(local, np.int64)
         values = np.asarray(values)
-        step = tf.constant(int(self.step.numpy()), tf.int64)    # both parts: this step
         plan = self._plan([table_of], [local], next_keys)
         if plan is None:
-            self._apply_keys("whole", table_of, local, values, None, step)
+            self._apply_keys(None, table_of, local, values)
             self.apply_parts["whole"] += 1
         else:
             (rest,), rows = plan
             now = ~rest
-            self._apply_keys("ahead", table_of[now], local[now], values[now], rows, step)
-            self._rest = ("keys", (table_of[rest], local[rest], values[rest], rows, step))
+            args = [(table_of[m], local[m], values[m]) for m in (now, rest)]
+            if rows is not None:         # Adam: parts of rows, with this step's count
+                step = self._step_now()
+                args = [a + (rows, step) for a in args]
+            if rows is not None or now.any():
+                self._apply_keys("ahead" if rows is not None else None, *args[0])
+            self._rest = ("keys", ("rest" if rows is not None else None,) + args[1])
             self.apply_parts["ahead"] += 1
         self.step.assign_add(1)
 
-    def _apply_keys(self, part, table_of, local, values, rows, step):
+    def _step_now(self):
+        import tensorflow as tf
+        return tf.constant(int(self.step.numpy()), tf.int64)
+
+    def _apply_keys(self, part, table_of, local, values, rows=None, step=None):
+        """One graph call: ``part`` None applies gradients (the whole step, or
+        the gradients of some rows where only touched rows move: SGD,
+        Adagrad), "ahead"/"rest" a part of a step that moves every row."""
         import tensorflow as tf
         dtype = next(iter(self.tables.values())).dtype
-        self._keys_fns(part)(tf.constant(table_of, tf.int32), tf.constant(local, tf.int64),
-                             tf.convert_to_tensor(values, dtype), self._rows_args(rows), step)
+        args = (tf.constant(table_of, tf.int32), tf.constant(local, tf.int64),
+                tf.convert_to_tensor(values, dtype))
+        if part is None:
+            self._keys_fns()[1](*args)
+        else:
+            self._keys_fns(part)(*args, self._rows_args(rows), step)
 
     def _rows_args(self, rows):
         import tensorflow as tf
-        if rows is None:
-            rows = [np.zeros([0], np.int64)] * len(self.tables)
         return [tf.constant(r, tf.int64) for r in rows]
 
     def _apply_table(self, part, t, name, rows, indices, values, step):
@@ -472,15 +489,17 @@ class Shard:
         how, args = self._rest
         self._rest = None
         if how == "keys":
-            self._apply_keys("rest", *args)
+            self._apply_keys(*args)
         else:
-            self._apply_local("rest", *args)
+            self._apply_local(*args)
         self.apply_parts[part] += 1
         return True
 
     def _keys_fns(self, part=None):
-        """The one-width graph calls: ``(gather, apply)``, or with ``part``
-        the apply of that part of a step (``"whole"``, ``"ahead"``, ``"rest"``)."""
+        """The one-width graph calls: ``(gather, apply)`` (apply: the
+        gradients, at the shard's step), or with ``part`` the apply of that
+        part of a step that moves every row (``"ahead"``, ``"rest"``; rows
+        and step as arguments)."""
         import tensorflow as tf
         if self.dim is None:
             raise ValueError("gather_keys/apply_keys: the shard's tables have several row "
@@ -491,27 +510,36 @@ class Shard:
         count = len(names)
         dtype = variables[0].dtype
         by, ids = tf.TensorSpec([None], tf.int32), tf.TensorSpec([None], tf.int64)
+        grads = tf.TensorSpec([None, self.dim], dtype)
         if self._rows_fns is None:
             @tf.function(input_signature=[by, ids])
             def gather(table_of, local):
                 parts = tf.dynamic_partition(local, table_of, count)
                 where = tf.dynamic_partition(tf.range(tf.size(local)), table_of, count)
                 return tf.dynamic_stitch(where, [tf.gather(v, i) for v, i in zip(variables, parts)])
-            self._rows_fns = (gather, {})
+
+            @tf.function(input_signature=[by, ids, grads])
+            def apply(table_of, local, values):
+                parts = tf.dynamic_partition(local, table_of, count)
+                vals = tf.dynamic_partition(values, table_of, count)
+                for name, i, v in zip(names, parts, vals):
+                    unique, summed = dedupe(i, v)
+                    self.optimizer.apply_sparse(self.tables[name], self.slots[name], unique,
+                                                summed, self.step)
+            self._rows_fns = (gather, apply)
         if part is None:
             return self._rows_fns
-        applies = self._rows_fns[1]
-        if part not in applies:
-            @tf.function(input_signature=[by, ids, tf.TensorSpec([None, self.dim], dtype),
-                                          [ids] * count, tf.TensorSpec([], tf.int64)])
-            def apply(table_of, local, values, rows, step):
+        if part not in self._apply_parts_fns:
+            @tf.function(input_signature=[by, ids, grads, [ids] * count,
+                                          tf.TensorSpec([], tf.int64)])
+            def apply_part(table_of, local, values, rows, step):
                 parts = tf.dynamic_partition(local, table_of, count)
                 vals = tf.dynamic_partition(values, table_of, count)
                 for t, (name, i, v, r) in enumerate(zip(names, parts, vals, rows)):
                     unique, summed = dedupe(i, v)
                     self._apply_table(part, t, name, r, unique, summed, step)
-            applies[part] = apply
-        return applies[part]
+            self._apply_parts_fns[part] = apply_part
+        return self._apply_parts_fns[part]
 
     def push(self, grads):
         """Apply one step: ``grads`` = {table: (ids, row gradients)} (ids may
@@ -531,45 +559,61 @@ class Shard:
         """:meth:`push` of local row indices already checked (``check_ids``),
         one array per table in the shard's table order; ``next_keys`` as for
         :meth:`apply_keys`."""
-        import tensorflow as tf
         self.flush("rest_late")
         local = [np.asarray(i, np.int64) for i in local]
         values = [np.asarray(v) for v in values]
-        step = tf.constant(int(self.step.numpy()), tf.int64)    # both parts: this step
         plan = self._plan([np.full(len(i), t, np.int64) for t, i in enumerate(local)],
                           local, next_keys)
         if plan is None:
-            self._apply_local("whole", local, values, None, step)
+            self._apply_local(None, local, values)
             self.apply_parts["whole"] += 1
         else:
             rest, rows = plan
-            self._apply_local("ahead", [i[~m] for i, m in zip(local, rest)],
-                              [v[~m] for v, m in zip(values, rest)], rows, step)
-            self._rest = ("local", ([i[m] for i, m in zip(local, rest)],
-                                    [v[m] for v, m in zip(values, rest)], rows, step))
+            args = [([i[m] for i, m in zip(local, masks)], [v[m] for v, m in zip(values, masks)])
+                    for masks in ([~m for m in rest], rest)]
+            if rows is not None:         # Adam: parts of rows, with this step's count
+                step = self._step_now()
+                args = [a + (rows, step) for a in args]
+            if rows is not None or any((~m).any() for m in rest):
+                self._apply_local("ahead" if rows is not None else None, *args[0])
+            self._rest = ("local", ("rest" if rows is not None else None,) + args[1])
             self.apply_parts["ahead"] += 1
         self.step.assign_add(1)
 
-    def _apply_local(self, part, local, values, rows, step):
+    def _apply_local(self, part, local, values, rows=None, step=None):
+        """One graph call, ``part`` as for :meth:`_apply_keys`."""
         import tensorflow as tf
         args = [[tf.constant(i, tf.int64), tf.convert_to_tensor(v, var.dtype)]
                 for i, v, var in zip(local, values, self.tables.values())]
-        self._apply_fn(part)(args, self._rows_args(rows), step)
+        if part is None:
+            self._apply_fn(None)(args)
+        else:
+            self._apply_fn(part)(args, self._rows_args(rows), step)
 
     def _apply_fn(self, part):
+        """The per-table graph call: ``part`` None the gradients at the
+        shard's step, else that part of a step that moves every row."""
         import tensorflow as tf
         if part not in self._apply:
             names = list(self.tables)
             spec = [[tf.TensorSpec([None], tf.int64),
                      tf.TensorSpec([None, int(self.tables[n].shape[1])], self.tables[n].dtype)]
                     for n in names]
-            rows_spec = [tf.TensorSpec([None], tf.int64)] * len(names)
+            if part is None:
+                @tf.function(input_signature=[spec])
+                def apply(args):
+                    for name, (local, values) in zip(names, args):
+                        unique, summed = dedupe(local, values)
+                        self.optimizer.apply_sparse(self.tables[name], self.slots[name], unique,
+                                                    summed, self.step)
+            else:
+                rows_spec = [tf.TensorSpec([None], tf.int64)] * len(names)
 
-            @tf.function(input_signature=[spec, rows_spec, tf.TensorSpec([], tf.int64)])
-            def apply(args, rows, step):
-                for t, (name, (local, values), r) in enumerate(zip(names, args, rows)):
-                    unique, summed = dedupe(local, values)
-                    self._apply_table(part, t, name, r, unique, summed, step)
+                @tf.function(input_signature=[spec, rows_spec, tf.TensorSpec([], tf.int64)])
+                def apply(args, rows, step):
+                    for t, (name, (local, values), r) in enumerate(zip(names, args, rows)):
+                        unique, summed = dedupe(local, values)
+                        self._apply_table(part, t, name, r, unique, summed, step)
             self._apply[part] = apply
         return self._apply[part]
 
