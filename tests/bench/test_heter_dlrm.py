@@ -345,6 +345,11 @@ def test_main_runs_only_the_systems_asked_for(tmp_path, monkeypatch):
     md = (tmp_path / "both" / "results.md").read_text()
     assert "Adagrad (learning rate 0.05)." in md and "systems run" not in md
     assert "| 1gbit | 100.0 | 150.0 | 1.50× (1.50–1.50) |" in md
+    calls.clear()             # the memory-cap scenario too runs only the systems asked for
+    assert hd.main(quick + [str(tmp_path / "cap"), "--systems", "heter",
+                            "--cap-memory", "1GiB"]) == 0
+    assert calls == [("heter", "1gbit", "throughput", 0, "adagrad"),
+                     ("heter", "unshaped", "cap", 0, "adagrad")]
 
 
 @pytest.mark.tf_stack
