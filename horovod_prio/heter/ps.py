@@ -281,6 +281,7 @@ class Shard:
             self.slots[name] = {s: tf.Variable(optimizer.initial_slot(s, tuple(own.shape), dtype),
                                                name="heter_%s_%s_shard%d" % (name, s, index))
                                 for s in optimizer.slot_names}
+        optimizer._lr(tf.as_dtype(dtype))   # its variable, before any graph: traced once each
         self._gather = self._rows_fns = None
         #: graph calls of the applies: gradients at the shard's step (None),
         #: and the parts of a step that moves every row ("ahead", "rest")
@@ -404,7 +405,11 @@ class Shard:
         values = np.asarray(values)
         plan = self._plan([table_of], [local], next_keys)
         if plan is None:
-            self._apply_keys(None, table_of, local, values)
+            if self._whole_as_rest():
+                self._apply_keys("rest", table_of, local, values, self._no_rows(),
+                                 self._step_now())
+            else:
+                self._apply_keys(None, table_of, local, values)
             self.apply_parts["whole"] += 1
         else:
             (rest,), rows = plan
@@ -418,6 +423,14 @@ class Shard:
             self._rest = ("keys", ("rest" if rows is not None else None,) + args[1])
             self.apply_parts["ahead"] += 1
         self.step.assign_add(1)
+
+    def _whole_as_rest(self):
+        """Adam: a whole push is the "rest" part with no rows kept back (the
+        same rule on every row), so one graph fewer is traced -- none at a
+        push that comes without the next keys after split pushes (a fit's
+        last), where a trace of a many-table graph would cost a few hundred
+        pushes' Python time."""
+        return self.optimizer.moves_every_row and bool(self._splits.all())
 
     def _step_now(self):
         import tensorflow as tf
@@ -435,6 +448,9 @@ class Shard:
             self._keys_fns()[1](*args)
         else:
             self._keys_fns(part)(*args, self._rows_args(rows), step)
+
+    def _no_rows(self):
+        return [np.zeros([0], np.int64)] * len(self.tables)
 
     def _rows_args(self, rows):
         import tensorflow as tf
@@ -565,7 +581,10 @@ class Shard:
         plan = self._plan([np.full(len(i), t, np.int64) for t, i in enumerate(local)],
                           local, next_keys)
         if plan is None:
-            self._apply_local(None, local, values)
+            if self._whole_as_rest():
+                self._apply_local("rest", local, values, self._no_rows(), self._step_now())
+            else:
+                self._apply_local(None, local, values)
             self.apply_parts["whole"] += 1
         else:
             rest, rows = plan

@@ -340,20 +340,33 @@ def _split_pushes(kind, dims, steps=8, disjoint=False, seed=5):
                                        ("adam", (16, 16)), ("adam", (4, 3))])
 def test_split_pushes_are_traced_once_and_only_adam_passes_rows(kind, dims):
     """A split push's graph calls are traced in the first steps, never again
-    (no retracing per push), and take what the optimizer's step needs: SGD's
-    and Adagrad's parts are gradients, applied by the one-part graph (its
-    inputs: ids and gradients, the step read from the shard's counter); only
-    Adam's parts take the rows the next step reads and the step count."""
+    (no retracing per push, none for a later whole push), and take what the
+    optimizer's step needs: SGD's and Adagrad's parts are gradients, applied
+    by the one-part graph (its inputs: ids and gradients, the step read from
+    the shard's counter); only Adam's parts take the rows the next step reads
+    and the step count."""
     shard, traced = _split_pushes(kind, dims)
     assert shard.apply_parts["ahead"] == 8 and shard.apply_parts["rest"] == 7, shard.apply_parts
-    assert all(t == traced[0] for t in traced), traced
+    assert all(t == traced[-1] for t in traced), traced
+    # a push without the next keys (a fit's last) applies whole: no graph traced for it
+    # then (a trace costs more CPU than many pushes)
+    if shard.dim is not None:
+        shard.apply_keys(np.zeros(2, np.int64), np.arange(2), np.ones((2, dims[0]), np.float32))
+    else:
+        shard.apply_local([np.arange(2), np.arange(1)],
+                          [np.ones((2, dims[0]), np.float32), np.ones((1, dims[1]), np.float32)])
+    assert shard.apply_parts["whole"] == 1 and shard.apply_parts["rest_late"] == 1
+    fns = [shard._gather, *(shard._rows_fns or ())] + list(shard._apply.values()) + \
+        list(shard._apply_parts_fns.values())
+    assert [f.experimental_get_tracing_count() for f in fns if f is not None] == traced[-1]
     applies = list(shard._apply.values()) + list(shard._apply_parts_fns.values())
     if shard.dim is not None:
         applies.append(shard._rows_fns[1])
     inputs = sorted(len(tf.nest.flatten(f.input_signature)) for f in applies
                     if f.experimental_get_tracing_count())
     per_part = 3 if shard.dim is not None else 2 * len(dims)
-    if kind == "adam":     # the parts ("ahead", "rest"): + rows per table + the step
+    if kind == "adam":     # the parts ("ahead", "rest", which also applies a whole push):
+        # + rows per table + the step
         assert inputs == [per_part + len(dims) + 1] * 2, inputs
     else:                  # one graph, the gradients only
         assert inputs == [per_part], inputs
