@@ -9,7 +9,8 @@ The model: 26 categorical fields (one table each, rows in the proportions of
 the Criteo Kaggle cardinalities, scaled to ``--table-gb`` in total, at least
 ``--min-rows``), ``--hot`` Zipf-distributed ids per field and sample (mean
 pooled), 13 dense features through a bottom MLP to the embedding dimension, a
-dot interaction of the 27 vectors, a top MLP to one logit; Adagrad.
+dot interaction of the 27 vectors, a top MLP to one logit; Adagrad (or
+``--optimizer``).
 
 Hosts (``benchmarks.testbed``: network namespaces, one tbf-shaped uplink
 between two racks, a cgroup per host kind): ``a1``, ``a2`` on rack A of kind
@@ -72,6 +73,9 @@ UNSHAPED = "unshaped"
 #: "unshaped" is a tbf far above what a veth pair carries on this box
 UNSHAPED_RATE = "100gbit"
 SYSTEMS = ("plain", "heter")
+#: ``--optimizer``: the Keras optimizer both systems train with (the
+#: parameter-server shards apply the same rule to the tables)
+OPTIMIZERS = {"adagrad": ("Adagrad", 0.05), "adam": ("Adam", 0.001), "sgd": ("SGD", 0.05)}
 HOSTS = {"a1": "A", "a2": "A", "b1": "B"}
 PLAIN_H = "a1:1,a2:1,b1:1"
 #: MLPerf DLRMv2's multi-hot sizes of the 26 fields (its synthetic multi-hot
@@ -170,6 +174,32 @@ def parse_rates(text: str) -> list[str]:
     return out
 
 
+def parse_systems(text: str) -> list[str]:
+    """``--systems plain,heter`` -> the list in the harness's order; an
+    unknown or repeated name is an error naming it."""
+    names = [x.strip() for x in str(text).split(",")]
+    for x in names:
+        if x not in SYSTEMS:
+            raise argparse.ArgumentTypeError(f"--systems: unknown system {x!r}, give "
+                                             f"{' and/or '.join(SYSTEMS)}")
+        if names.count(x) > 1:
+            raise argparse.ArgumentTypeError(f"--systems: {x!r} given twice")
+    return [x for x in SYSTEMS if x in names]
+
+
+def run_order(systems: list[str], rep: int) -> list[str]:
+    """The systems of repeat ``rep``: alternating order (A B, B A, ...)."""
+    return list(systems) if rep % 2 == 0 else list(systems)[::-1]
+
+
+def keras_optimizer(cfg: dict):
+    """The optimizer both systems train with (``cfg["optimizer"]``, Adagrad
+    in configs recorded before the flag)."""
+    import tensorflow as tf
+    name, lr = OPTIMIZERS[cfg.get("optimizer", "adagrad")]
+    return getattr(tf.keras.optimizers, name)(lr)
+
+
 def _cap(text: str):
     if text == "auto":
         return text
@@ -228,6 +258,12 @@ def build_parser() -> argparse.ArgumentParser:
                    help="b1's memory in the memory-cap scenario (bytes, or 'auto')")
     p.add_argument("--cap-rate", default=UNSHAPED, help="uplink rate of the cap scenario")
     p.add_argument("--no-cap", action="store_true", help="skip the memory-cap scenario")
+    p.add_argument("--systems", type=parse_systems, default=list(SYSTEMS),
+                   help="which systems to run, comma-separated (plain, heter); with one, "
+                        "no heter/plain ratio")
+    p.add_argument("--optimizer", choices=sorted(OPTIMIZERS), default="adagrad",
+                   help="the optimizer both systems train with (learning rates: "
+                        + ", ".join(f"{k} {v[1]:g}" for k, v in OPTIMIZERS.items()) + ")")
     p.add_argument("--transport", choices=("gloo", "mpi"), default="gloo")
     p.add_argument("--run-timeout", type=_pos_float("--run-timeout"), default=900.0,
                    help="seconds before a run is stopped and recorded as failed")
@@ -281,7 +317,7 @@ def model_config(a) -> dict:
     return {"rows": table_rows(a.table_gb, a.dim, a.min_rows), "dim": a.dim, "hot": a.hot,
             "zipf": a.zipf, "batch": a.batch, "pool": a.pool, "warmup": a.warmup,
             "steps": a.steps, "bottom": a.bottom_widths, "top": a.top_widths, "seed": 1,
-            "sparse_trainers": a.sparse_trainers,
+            "sparse_trainers": a.sparse_trainers, "optimizer": a.optimizer,
             "threads": host_threads(host_kinds(a, a.uncapped_memory))}
 
 
@@ -412,8 +448,7 @@ def worker(system: str, cfg: dict, out_dir: str) -> int:
                                if cfg.get("pool_on") else None)
         pool0 = next(p for p in plan.layers if p.name == "pool0")
         rec["placement_of_pool0"] = [pool0.kind, pool0.reason]
-        trainer = HeterTrainer(model, loss_fn, tf.keras.optimizers.Adagrad(0.05), roles,
-                               plan=plan)
+        trainer = HeterTrainer(model, loss_fn, keras_optimizer(cfg), roles, plan=plan)
         rec["role"] = trainer.role
         rec["rss_after_init"] = _vm_hwm()
         # seconds per timed step in each exchange (waiting for peers included); the rest
@@ -435,12 +470,14 @@ def worker(system: str, cfg: dict, out_dir: str) -> int:
             ends.append(time.time())
         rec["cpu_s_per_step"] = (_cpu_seconds() - cpu0) / cfg["steps"]
         rec["exchange_s_per_step"] = {k: v / cfg["steps"] for k, v in waits.items()}
+        if trainer.role == "ps":     # how the shard applied the pushes (whole / in two parts)
+            rec["apply_parts"] = dict(trainer.shard.apply_parts)
         trainer.close()
     else:
         hvd.init()
         tf.keras.utils.set_random_seed(cfg["seed"])      # identical tables on every rank
         model = build_model(cfg)
-        opt = tf.keras.optimizers.Adagrad(0.05)
+        opt = keras_optimizer(cfg)
         from horovod_prio.heter.trainer import split_batch     # the heter trainers' slicing
         lo, hi = split_batch(cfg["batch"], hvd.size())[hvd.rank()]
         rec["role"] = "replica"
@@ -505,7 +542,7 @@ def summarize_run(ranks: list[dict], samples: list[dict], steps: int, warmup: in
         rss.setdefault(r["role"], []).append(r["vm_hwm"])
     out["peak_rss_by_role"] = {k: max(v) for k, v in rss.items()}
     out["ranks"] = [{k: r[k] for k in ("rank", "role", "host", "vm_hwm", "rss_after_init",
-                                        "cpu_s_per_step") if k in r}
+                                        "cpu_s_per_step", "apply_parts") if k in r}
                     for r in ranks]
     waits = {}
     for r in ranks:
@@ -631,6 +668,9 @@ def render_md(results: dict) -> str:
     from .bounds import floor_label
     meta, summ = results["meta"], results.get("summary") or summarize(results)
     b, mtu = wire_bounds(meta)
+    opt_name, opt_lr = OPTIMIZERS[meta["config"].get("optimizer", "adagrad")]
+    systems = list(meta.get("systems", SYSTEMS))
+    only = "" if systems == list(SYSTEMS) else "; systems run: " + ", ".join(systems)
     lines = [f"# Heterogeneous trainers vs plain Horovod: DLRM ({meta['what']})", "",
              f"Command: `{meta['command']}`", "",
              f"Date {meta['date']}, git {meta['git']}, machine: {meta['machine']}, "
@@ -642,7 +682,8 @@ def render_md(results: dict) -> str:
              f"mean-pooled), "
              f"{meta['dense_params']} dense parameters; global batch {meta['config']['batch']}, "
              f"{meta['config']['warmup']} warm-up + {meta['config']['steps']} timed steps, "
-             f"{meta['repeats']} interleaved repeats; Adagrad.", "",
+             f"{meta['repeats']} interleaved repeats; {opt_name} (learning rate {opt_lr:g})"
+             f"{only}.", "",
              "| link rate | plain Horovod samples/s | heter samples/s | heter/plain (median, min–max) "
              "| plain bytes/step uplink, fabric (bound fabric, payload) "
              "| heter bytes/step uplink, fabric "
@@ -954,7 +995,7 @@ def main(argv=None) -> int:
             "uncapped_memory": a.uncapped_memory,
             "heter_roles": heter_layout(a.sparse_trainers)["roles"],
             "hosts": {"plain": PLAIN_H, "heter": heter_layout(a.sparse_trainers)["H"]},
-            "transport": a.transport,
+            "transport": a.transport, "systems": a.systems,
             "unshaped_rate": UNSHAPED_RATE, "cap_rate": a.cap_rate, "mtu": testbed_mtu()}
     results = {"meta": meta, "runs": []}
     # the launchers' logs and the ranks' records stay out of the result folder
@@ -967,7 +1008,7 @@ def main(argv=None) -> int:
           f"{meta['bounds']['plain']['fabric'] / 1e6:.2f} MB", flush=True)
     try:
         for rep in range(a.repeats):
-            order = SYSTEMS if rep % 2 == 0 else SYSTEMS[::-1]
+            order = run_order(a.systems, rep)
             for rate in a.rates:
                 for sysname in order:
                     rec = execute_run(sysname, rate, "throughput", rep, a, cfg, workroot,
@@ -985,7 +1026,7 @@ def main(argv=None) -> int:
                 meta["cap_note"] = ("no cap: auto needs an ok throughput run of each system "
                                     "with b1's peak usage")
             else:
-                for sysname in SYSTEMS:
+                for sysname in a.systems:
                     rec = execute_run(sysname, a.cap_rate, "cap", 0, a, cfg, workroot, cap)
                     results["runs"].append(rec)
                     print(f"[cap {_gib(cap)} {sysname}] {rec['status']} "

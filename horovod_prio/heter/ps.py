@@ -18,11 +18,20 @@ optimizer that updates them, exactly as Keras's optimizer would.
   shard can differ from Keras by one ulp per step. With that rewrite off
   (or one shard) the bits are equal; tests/heter/test_ps.py checks both.
   Rows a multiple of 32 bytes wide leave no scalar tail, whatever their
-  offset (measured; :data:`SPLIT_ROW_BYTES`).
+  offset (measured; :data:`SPLIT_ROW_BYTES`). Adam's divisor is
+  ``sqrt(v) + epsilon``, which the rewrite leaves alone: its bits do not
+  depend on a row's offset (measured at widths 1-33, 48 and 64 floats).
 * :class:`Shard` - one shard's tables, slots and step counter; pulls rows,
   applies pushed row gradients, saves and loads its state. Given the keys
   the next step reads, it applies a push in two parts where that is exact
   (:meth:`Optimizer.splits`): those rows first, the rest at :meth:`Shard.flush`.
+  For SGD and Adagrad a part is the gradients of its rows. Adam moves every
+  row each step, so its first part is every row the next step reads (their
+  moments' decay, their gradients if any, their update) and its rest every
+  other row, with the same step's bias correction
+  (:meth:`Optimizer.apply_part`: the one rule of :meth:`Optimizer.apply_sparse`
+  on a copy of the rows read next, then on the whole table with those rows
+  put back).
 """
 import collections
 
@@ -114,14 +123,23 @@ class Optimizer:
         return cls("adam", lr, epsilon=opt.epsilon, beta_1=opt.beta_1, beta_2=opt.beta_2)
 
     def splits(self, dim, itemsize=4):
-        """Whether rows ``dim`` wide may be updated in two parts (some rows,
-        then the others) with the bits of one update: SGD always (a multiply
-        and an add per element); Adagrad if a row is a multiple of
-        :data:`SPLIT_ROW_BYTES` bytes; Adam never (its sparse path decays
-        every row's moments each step, so every row is in both parts)."""
-        if self.kind == "sgd":
-            return True
-        return self.kind == "adagrad" and (int(dim) * int(itemsize)) % SPLIT_ROW_BYTES == 0
+        """Whether rows ``dim`` wide may be updated in two parts (the rows the
+        next step reads, then the others) with the bits of one update: SGD
+        (a multiply and an add per element) and Adam (multiplies, adds, a
+        square root and a division, each correctly rounded in a vector lane
+        and in the scalar tail alike; measured bitwise at widths 1-33, 48 and
+        64) always; Adagrad if a row is a multiple of :data:`SPLIT_ROW_BYTES`
+        bytes."""
+        if self.kind == "adagrad":
+            return (int(dim) * int(itemsize)) % SPLIT_ROW_BYTES == 0
+        return True
+
+    @property
+    def moves_every_row(self):
+        """Adam: Keras's sparse path decays every row's moments and moves
+        every row each step, touched or not, so a part of a step is a set of
+        rows (:meth:`apply_part`), not only a set of gradients."""
+        return self.kind == "adam"
 
     @property
     def slot_names(self):
@@ -160,6 +178,41 @@ class Optimizer:
             v.assign_add(-v * (1 - self.beta_2))
             v.scatter_add(tf.IndexedSlices(tf.square(values) * (1 - self.beta_2), indices))
             var.assign_sub((m * alpha) / (tf.sqrt(v) + self.epsilon))
+
+    def apply_part(self, part, var, slots, rows, indices, values, step, copy=None):
+        """One part of :meth:`apply_sparse`'s step split around ``rows`` (the
+        sorted unique rows the next step reads): ``"ahead"`` updates those
+        rows (``indices`` among them), ``"rest"`` every other row (``indices``
+        none of them), ``"whole"`` all. Both parts take the same ``step``.
+        Where only touched rows move (SGD, Adagrad) a part is its gradients.
+        Adam's "ahead" runs :meth:`apply_sparse` on a copy of the rows
+        (``copy``: a variable ``[None, dim]`` for the rows and one per slot),
+        its "rest" runs it on the whole variables and puts the rows back:
+        the same rule on the same elements, so the bits of one step."""
+        if part == "whole" or not self.moves_every_row:
+            return self.apply_sparse(var, slots, indices, values, step)
+        import tensorflow as tf
+        names = self.slot_names
+        if part == "ahead":
+            copy_var, copy_slots = copy
+            copy_var.assign(tf.gather(var, rows))
+            for s in names:
+                copy_slots[s].assign(tf.gather(slots[s], rows))
+            self.apply_sparse(copy_var, copy_slots, tf.searchsorted(rows, indices), values, step)
+            kept = [copy_var] + [copy_slots[s] for s in names]
+            for target, done in zip([var] + [slots[s] for s in names], kept):
+                target.scatter_update(tf.IndexedSlices(done.read_value(), rows))
+            empty = tf.zeros([0, int(var.shape[1])], var.dtype)
+            for done in kept:                # nothing holds the copy between steps
+                done.assign(empty)
+        elif part == "rest":
+            targets = [var] + [slots[s] for s in names]
+            kept = [tf.gather(t, rows) for t in targets]
+            self.apply_sparse(var, slots, indices, values, step)
+            for target, rows_done in zip(targets, kept):
+                target.scatter_update(tf.IndexedSlices(rows_done, rows))
+        else:
+            raise ValueError("part %r: give whole, ahead or rest" % (part,))
 
     def apply_dense(self, var, slots, grad, step):
         """Keras's dense update of ``var`` by ``grad``."""
@@ -228,7 +281,11 @@ class Shard:
             self.slots[name] = {s: tf.Variable(optimizer.initial_slot(s, tuple(own.shape), dtype),
                                                name="heter_%s_%s_shard%d" % (name, s, index))
                                 for s in optimizer.slot_names}
-        self._apply = self._gather = self._rows_fns = None
+        optimizer._lr(tf.as_dtype(dtype))   # its variable, before any graph: traced once each
+        self._gather = self._rows_fns = None
+        #: graph calls of the applies: gradients at the shard's step (None),
+        #: and the parts of a step that moves every row ("ahead", "rest")
+        self._apply, self._apply_parts_fns = {}, {}
         #: one-part and two-part applies: "whole", "ahead" (the rows the next
         #: step reads, of a split push), "rest" (the other rows, at
         #: :meth:`flush`), "rest_late" (a rest the next apply or pull had to
@@ -237,6 +294,18 @@ class Shard:
         self._rest = self._marks = None
         self._splits = np.array([optimizer.splits(int(v.shape[1]), v.dtype.size)
                                  for v in self.tables.values()], bool)
+        #: per table whose step splits and moves every row (Adam): variables
+        #: for a copy of the rows the next step reads (Optimizer.apply_part)
+        self._copies = {}
+        if optimizer.moves_every_row:
+            for (name, var), split in zip(self.tables.items(), self._splits):
+                if split:
+                    shape = tf.TensorShape([None, int(var.shape[1])])
+                    empty = np.zeros([0, int(var.shape[1])], var.dtype.as_numpy_dtype)
+                    self._copies[name] = (
+                        tf.Variable(empty, shape=shape, trainable=False),
+                        {s: tf.Variable(empty, shape=shape, trainable=False)
+                         for s in optimizer.slot_names})
         dims = {int(v.shape[1]) for v in self.tables.values()}
         #: the tables' one row width, or None: :meth:`gather_keys` and
         #: :meth:`apply_keys` take the keys of every table as one array
@@ -326,33 +395,84 @@ class Shard:
         Then the rows of tables whose update splits exactly
         (:meth:`Optimizer.splits`) that the next step does not read are kept
         for :meth:`flush` (call it after the next rows are sent); the others
-        are applied now. A row's gradients all go to one part, in their
-        order, so each part sums them as the whole would."""
+        are applied now (for Adam: all the rows the next step reads, touched
+        or not; the rest is every other row). A row's gradients all go to one
+        part, in their order, so each part sums them as the whole would; both
+        parts take this step's count (Adam's bias correction)."""
         self.flush("rest_late")
         table_of = np.asarray(table_of, np.int64)
         local = np.asarray(local, np.int64)
         values = np.asarray(values)
-        rest = self._rest_mask([table_of], [local], next_keys)
-        if rest is None:
-            self._apply_keys(table_of, local, values)
+        plan = self._plan([table_of], [local], next_keys)
+        if plan is None:
+            if self._whole_as_rest():
+                self._apply_keys("rest", table_of, local, values, self._no_rows(),
+                                 self._step_now())
+            else:
+                self._apply_keys(None, table_of, local, values)
             self.apply_parts["whole"] += 1
         else:
-            now = ~rest[0]
-            if now.any():
-                self._apply_keys(table_of[now], local[now], values[now])
-            self._rest = ("keys", (table_of[rest[0]], local[rest[0]], values[rest[0]]))
+            (rest,), rows = plan
+            now = ~rest
+            args = [(table_of[m], local[m], values[m]) for m in (now, rest)]
+            if rows is not None:         # Adam: parts of rows, with this step's count
+                step = self._step_now()
+                args = [a + (rows, step) for a in args]
+            if rows is not None or now.any():
+                self._apply_keys("ahead" if rows is not None else None, *args[0])
+            self._rest = ("keys", ("rest" if rows is not None else None,) + args[1])
             self.apply_parts["ahead"] += 1
         self.step.assign_add(1)
 
-    def _apply_keys(self, table_of, local, values):
+    def _whole_as_rest(self):
+        """Adam: a whole push is the "rest" part with no rows kept back (the
+        same rule on every row), so one graph fewer is traced -- none at a
+        push that comes without the next keys after split pushes (a fit's
+        last), where a trace of a many-table graph would cost a few hundred
+        pushes' Python time."""
+        return self.optimizer.moves_every_row and bool(self._splits.all())
+
+    def _step_now(self):
+        import tensorflow as tf
+        return tf.constant(int(self.step.numpy()), tf.int64)
+
+    def _apply_keys(self, part, table_of, local, values, rows=None, step=None):
+        """One graph call: ``part`` None applies gradients (the whole step, or
+        the gradients of some rows where only touched rows move: SGD,
+        Adagrad), "ahead"/"rest" a part of a step that moves every row."""
         import tensorflow as tf
         dtype = next(iter(self.tables.values())).dtype
-        self._keys_fns()[1](tf.constant(table_of, tf.int32), tf.constant(local, tf.int64),
-                            tf.convert_to_tensor(values, dtype))
+        args = (tf.constant(table_of, tf.int32), tf.constant(local, tf.int64),
+                tf.convert_to_tensor(values, dtype))
+        if part is None:
+            self._keys_fns()[1](*args)
+        else:
+            self._keys_fns(part)(*args, self._rows_args(rows), step)
 
-    def _rest_mask(self, table_of, local, next_keys):
-        """Per array of keys (``table_of[i]``, ``local[i]``): which to apply
-        after the next rows are sent, or None for none."""
+    def _no_rows(self):
+        return [np.zeros([0], np.int64)] * len(self.tables)
+
+    def _rows_args(self, rows):
+        import tensorflow as tf
+        return [tf.constant(r, tf.int64) for r in rows]
+
+    def _apply_table(self, part, t, name, rows, indices, values, step):
+        """Table ``t``'s share of a part of a step (in a graph): a table whose
+        step does not split takes it whole in the first part."""
+        if not self._splits[t] and part != "whole":
+            if part == "rest":
+                return
+            part = "whole"
+        self.optimizer.apply_part(part, self.tables[name], self.slots[name], rows, indices,
+                                  values, step, self._copies.get(name))
+
+    def _plan(self, table_of, local, next_keys):
+        """How to apply a push given the next step's keys: None (whole, now),
+        or ``(masks, rows)``: per array of keys (``table_of[i]``,
+        ``local[i]``) which to apply after the next rows are sent; ``rows``:
+        per table the sorted local rows the next step reads, for an optimizer
+        that moves every row (else None): its first part is those rows'
+        share of the step, its rest every other row's."""
         if next_keys is None or not self._splits.any():
             return None
         if self._marks is None:     # one flag per row of this shard, all tables end to end
@@ -365,7 +485,17 @@ class Shard:
         masks = [self._splits[t] & ~self._marks[self._first[t] + l]
                  for t, l in zip(table_of, local)]
         self._marks[wanted] = False
-        return masks if any(m.any() for m in masks) else None
+        rows = None
+        if self.optimizer.moves_every_row:
+            # the trainer sends them sorted and unique (by table, then row)
+            if wanted.size > 1 and not (wanted[1:] > wanted[:-1]).all():
+                wanted = np.unique(wanted)
+            cut = np.searchsorted(wanted, self._first)
+            rows = [wanted[cut[t]:cut[t + 1]] - self._first[t] if self._splits[t]
+                    else np.zeros([0], np.int64) for t in range(len(self.tables))]
+        if rows is None and not any(m.any() for m in masks):
+            return None
+        return masks, rows
 
     def flush(self, part="rest"):
         """Apply the rows a split push kept back (no step of its own: it is
@@ -381,26 +511,30 @@ class Shard:
         self.apply_parts[part] += 1
         return True
 
-    def _keys_fns(self):
+    def _keys_fns(self, part=None):
+        """The one-width graph calls: ``(gather, apply)`` (apply: the
+        gradients, at the shard's step), or with ``part`` the apply of that
+        part of a step that moves every row (``"ahead"``, ``"rest"``; rows
+        and step as arguments)."""
         import tensorflow as tf
         if self.dim is None:
             raise ValueError("gather_keys/apply_keys: the shard's tables have several row "
                              "widths %s; use gather_local/apply_local"
                              % sorted({int(v.shape[1]) for v in self.tables.values()}))
+        names = list(self.tables)
+        variables = [self.tables[n] for n in names]
+        count = len(names)
+        dtype = variables[0].dtype
+        by, ids = tf.TensorSpec([None], tf.int32), tf.TensorSpec([None], tf.int64)
+        grads = tf.TensorSpec([None, self.dim], dtype)
         if self._rows_fns is None:
-            names = list(self.tables)
-            variables = [self.tables[n] for n in names]
-            count = len(names)
-            dtype = variables[0].dtype
-            by, ids = tf.TensorSpec([None], tf.int32), tf.TensorSpec([None], tf.int64)
-
             @tf.function(input_signature=[by, ids])
             def gather(table_of, local):
                 parts = tf.dynamic_partition(local, table_of, count)
                 where = tf.dynamic_partition(tf.range(tf.size(local)), table_of, count)
                 return tf.dynamic_stitch(where, [tf.gather(v, i) for v, i in zip(variables, parts)])
 
-            @tf.function(input_signature=[by, ids, tf.TensorSpec([None, self.dim], dtype)])
+            @tf.function(input_signature=[by, ids, grads])
             def apply(table_of, local, values):
                 parts = tf.dynamic_partition(local, table_of, count)
                 vals = tf.dynamic_partition(values, table_of, count)
@@ -409,7 +543,19 @@ class Shard:
                     self.optimizer.apply_sparse(self.tables[name], self.slots[name], unique,
                                                 summed, self.step)
             self._rows_fns = (gather, apply)
-        return self._rows_fns
+        if part is None:
+            return self._rows_fns
+        if part not in self._apply_parts_fns:
+            @tf.function(input_signature=[by, ids, grads, [ids] * count,
+                                          tf.TensorSpec([], tf.int64)])
+            def apply_part(table_of, local, values, rows, step):
+                parts = tf.dynamic_partition(local, table_of, count)
+                vals = tf.dynamic_partition(values, table_of, count)
+                for t, (name, i, v, r) in enumerate(zip(names, parts, vals, rows)):
+                    unique, summed = dedupe(i, v)
+                    self._apply_table(part, t, name, r, unique, summed, step)
+            self._apply_parts_fns[part] = apply_part
+        return self._apply_parts_fns[part]
 
     def push(self, grads):
         """Apply one step: ``grads`` = {table: (ids, row gradients)} (ids may
@@ -432,42 +578,63 @@ class Shard:
         self.flush("rest_late")
         local = [np.asarray(i, np.int64) for i in local]
         values = [np.asarray(v) for v in values]
-        rest = self._rest_mask([np.full(len(i), t, np.int64) for t, i in enumerate(local)],
-                               local, next_keys)
-        if rest is None:
-            self._apply_local(local, values)
+        plan = self._plan([np.full(len(i), t, np.int64) for t, i in enumerate(local)],
+                          local, next_keys)
+        if plan is None:
+            if self._whole_as_rest():
+                self._apply_local("rest", local, values, self._no_rows(), self._step_now())
+            else:
+                self._apply_local(None, local, values)
             self.apply_parts["whole"] += 1
         else:
-            if any((~m).any() for m in rest):
-                self._apply_local([i[~m] for i, m in zip(local, rest)],
-                                  [v[~m] for v, m in zip(values, rest)])
-            self._rest = ("local", ([i[m] for i, m in zip(local, rest)],
-                                    [v[m] for v, m in zip(values, rest)]))
+            rest, rows = plan
+            args = [([i[m] for i, m in zip(local, masks)], [v[m] for v, m in zip(values, masks)])
+                    for masks in ([~m for m in rest], rest)]
+            if rows is not None:         # Adam: parts of rows, with this step's count
+                step = self._step_now()
+                args = [a + (rows, step) for a in args]
+            if rows is not None or any((~m).any() for m in rest):
+                self._apply_local("ahead" if rows is not None else None, *args[0])
+            self._rest = ("local", ("rest" if rows is not None else None,) + args[1])
             self.apply_parts["ahead"] += 1
         self.step.assign_add(1)
 
-    def _apply_local(self, local, values):
+    def _apply_local(self, part, local, values, rows=None, step=None):
+        """One graph call, ``part`` as for :meth:`_apply_keys`."""
         import tensorflow as tf
         args = [[tf.constant(i, tf.int64), tf.convert_to_tensor(v, var.dtype)]
                 for i, v, var in zip(local, values, self.tables.values())]
-        self._apply_fn()(args)
+        if part is None:
+            self._apply_fn(None)(args)
+        else:
+            self._apply_fn(part)(args, self._rows_args(rows), step)
 
-    def _apply_fn(self):
+    def _apply_fn(self, part):
+        """The per-table graph call: ``part`` None the gradients at the
+        shard's step, else that part of a step that moves every row."""
         import tensorflow as tf
-        if self._apply is None:
+        if part not in self._apply:
             names = list(self.tables)
             spec = [[tf.TensorSpec([None], tf.int64),
                      tf.TensorSpec([None, int(self.tables[n].shape[1])], self.tables[n].dtype)]
                     for n in names]
+            if part is None:
+                @tf.function(input_signature=[spec])
+                def apply(args):
+                    for name, (local, values) in zip(names, args):
+                        unique, summed = dedupe(local, values)
+                        self.optimizer.apply_sparse(self.tables[name], self.slots[name], unique,
+                                                    summed, self.step)
+            else:
+                rows_spec = [tf.TensorSpec([None], tf.int64)] * len(names)
 
-            @tf.function(input_signature=[spec])
-            def apply(args):
-                for name, (local, values) in zip(names, args):
-                    unique, summed = dedupe(local, values)
-                    self.optimizer.apply_sparse(self.tables[name], self.slots[name], unique,
-                                                summed, self.step)
-            self._apply = apply
-        return self._apply
+                @tf.function(input_signature=[spec, rows_spec, tf.TensorSpec([], tf.int64)])
+                def apply(args, rows, step):
+                    for t, (name, (local, values), r) in enumerate(zip(names, args, rows)):
+                        unique, summed = dedupe(local, values)
+                        self._apply_table(part, t, name, r, unique, summed, step)
+            self._apply[part] = apply
+        return self._apply[part]
 
     def state(self):
         """name -> numpy arrays: ``{table: {"ids", "rows", <slot>...}}`` and the step."""

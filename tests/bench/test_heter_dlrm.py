@@ -211,6 +211,10 @@ def test_auto_cap_is_between_the_two_systems_peaks():
     (["--cap-rate", "fast"], "--cap-rate"),
     (["--batch", "2"], "--batch: the global batch is split over 3 ranks"),
     (["--report-only"], "--report-only needs --out"),
+    (["--systems", "plain,hetre"], "--systems: unknown system 'hetre'"),
+    (["--systems", "heter,heter"], "--systems: 'heter' given twice"),
+    (["--systems", ""], "--systems: unknown system ''"),
+    (["--optimizer", "rmsprop"], "--optimizer: invalid choice: 'rmsprop'"),
 ])
 def test_bad_flags_name_the_flag(argv, needle, capsys):
     with pytest.raises(SystemExit):
@@ -296,3 +300,67 @@ def test_the_table_shows_each_systems_cpu_floor(tmp_path):
     # plain's median step 512/50 s, its floor half of that on b1; heter's floor 2 s on a1:
     # heter/plain at most 10.24 / 2.0
     assert row and "| 5.120 (b1) |" in row[0] and "| 2.000 (a1) | 5.12× |" in row[0]
+
+
+# ------------------------------------------------------------------ one system, another optimizer
+def test_systems_run_alone_or_alternating():
+    assert hd.parse_args([]).systems == ["plain", "heter"]
+    assert hd.parse_args(["--systems", "heter,plain"]).systems == ["plain", "heter"]
+    assert [hd.run_order(["plain", "heter"], r) for r in range(3)] == \
+        [["plain", "heter"], ["heter", "plain"], ["plain", "heter"]]
+    assert [hd.run_order(hd.parse_args(["--systems", "heter"]).systems, r)
+            for r in range(2)] == [["heter"], ["heter"]]
+
+
+def test_main_runs_only_the_systems_asked_for(tmp_path, monkeypatch):
+    """The harness's loop (every run's launch replaced by a record): with
+    ``--systems heter`` only heter runs, every repeat, and the table says so;
+    ``--optimizer`` reaches the workers' config."""
+    from benchmarks import netns
+    calls = []
+
+    def fake_run(system, rate, scenario, repeat, a, cfg, workroot, b1_memory):
+        calls.append((system, rate, scenario, repeat, cfg["optimizer"]))
+        return dict(_run(system, rate, repeat, 100.0 if system == "plain" else 150.0),
+                    host_peak={"b1": 1 << 30 if system == "plain" else 1 << 29})
+    monkeypatch.setattr(hd, "execute_run", fake_run)
+    monkeypatch.setattr(netns, "require_root", lambda: None)
+    monkeypatch.setattr(netns, "install_signal_handlers", lambda: None)
+    quick = ["--quick", "--table-gb", "0.001", "--out"]
+    assert hd.main(quick + [str(tmp_path / "one"), "--systems", "heter", "--repeats", "2",
+                            "--no-cap", "--optimizer", "adam"]) == 0
+    assert calls == [("heter", "1gbit", "throughput", 0, "adam"),
+                     ("heter", "1gbit", "throughput", 1, "adam")]
+    md = (tmp_path / "one" / "results.md").read_text()
+    assert "Adam (learning rate 0.001); systems run: heter." in md
+    assert "| 1gbit | – | 150.0 | – |" in md
+    calls.clear()
+    assert hd.main(quick + [str(tmp_path / "both"), "--repeats", "2"]) == 0
+    assert calls == [("plain", "1gbit", "throughput", 0, "adagrad"),
+                     ("heter", "1gbit", "throughput", 0, "adagrad"),
+                     ("heter", "1gbit", "throughput", 1, "adagrad"),
+                     ("plain", "1gbit", "throughput", 1, "adagrad"),
+                     ("plain", "unshaped", "cap", 0, "adagrad"),
+                     ("heter", "unshaped", "cap", 0, "adagrad")]
+    md = (tmp_path / "both" / "results.md").read_text()
+    assert "Adagrad (learning rate 0.05)." in md and "systems run" not in md
+    assert "| 1gbit | 100.0 | 150.0 | 1.50× (1.50–1.50) |" in md
+    calls.clear()             # the memory-cap scenario too runs only the systems asked for
+    assert hd.main(quick + [str(tmp_path / "cap"), "--systems", "heter",
+                            "--cap-memory", "1GiB"]) == 0
+    assert calls == [("heter", "1gbit", "throughput", 0, "adagrad"),
+                     ("heter", "unshaped", "cap", 0, "adagrad")]
+
+
+@pytest.mark.tf_stack
+def test_the_optimizer_both_systems_train_with():
+    import tensorflow as tf
+    for flag, cls, lr in (("adagrad", tf.keras.optimizers.Adagrad, 0.05),
+                          ("adam", tf.keras.optimizers.Adam, 0.001),
+                          ("sgd", tf.keras.optimizers.SGD, 0.05)):
+        cfg = hd.model_config(hd.parse_args(["--optimizer", flag]))
+        opt = hd.keras_optimizer(cfg)
+        assert type(opt) is cls and float(opt.learning_rate.numpy()) == pytest.approx(lr)
+    # a config recorded before the flag trained with Adagrad
+    assert type(hd.keras_optimizer({})) is tf.keras.optimizers.Adagrad
+    assert hd.parse_args([]).optimizer == "adagrad"

@@ -211,14 +211,17 @@ def test_keys_of_all_tables_name_a_bad_id_and_need_one_width():
 @pytest.mark.parametrize("kind,dims,split", [
     ("adagrad", (16, 16), True), ("adagrad", (16, 32), True), ("sgd", (3, 3), True),
     ("sgd", (3, 5), True), ("adagrad", (4, 4), False), ("adagrad", (16, 12), "a"),
-    ("adam", (16, 16), False)])
+    ("adam", (16, 16), True), ("adam", (3, 3), True), ("adam", (4, 3), True)])
 def test_a_push_split_around_the_next_rows_keeps_the_bits(kind, dims, split):
     """Given the next step's keys, a push applies the rows the next step reads,
     the next rows are gathered, then flush() applies the rest: every gathered
     row and the final state are bit for bit those of one whole apply per step,
-    with grappler on. It splits where that is exact (Optimizer.splits: SGD;
-    Adagrad rows a multiple of 64 bytes; "a": only table a's rows), else
-    applies whole. Tables of one width take apply_keys, of two apply_local."""
+    with grappler on. It splits where that is exact (Optimizer.splits: SGD and
+    Adam; Adagrad rows a multiple of 64 bytes; "a": only table a's rows), else
+    applies whole. Tables of one width take apply_keys, of two apply_local.
+    Adam moves every row each step: its first part is every row the next step
+    reads (touched or not), its rest every other row (touched or not), both
+    with the step's bias correction."""
     rng = np.random.default_rng(11)
     rows = {"a": 29, "b": 13}
     init = {n: rng.standard_normal((r, d)).astype(np.float32)
@@ -285,3 +288,115 @@ def test_a_gather_of_other_rows_than_announced_applies_the_rest_first():
     assert np.array_equal(got, one.gather_keys(t, rows).numpy())
     assert two.apply_parts == {"ahead": 1, "rest_late": 1}
     assert two.pull("a", [6]).numpy().tolist() == [[17.5, 18.5, 19.5]]
+
+
+def _split_pushes(kind, dims, steps=8, disjoint=False, seed=5):
+    """A shard taking ``steps`` pushes, each told the next step's keys (the
+    trainer's order: gather ahead, flush the rest, apply). ``disjoint``: the
+    next step reads none of a push's rows. Returns the shard and, per step
+    after the first two, how many times each of its graph calls was traced."""
+    rng = np.random.default_rng(seed)
+    rows = {"a": 40, "b": 20}
+    init = {n: rng.standard_normal((r, d)).astype(np.float32)
+            for (n, r), d in zip(rows.items(), dims)}
+    shard = ps.Shard(0, 1, init, ps.Optimizer.from_keras(keras_optimizer(kind)))
+    names = list(rows)
+
+    def keys(step):
+        table_of = rng.integers(0, 2, 12)
+        half = [(step % 2) * rows[n] // 2 for n in names] if disjoint else [0, 0]
+        span = [rows[n] // 2 if disjoint else rows[n] for n in names]
+        local = np.array([half[t] + rng.integers(0, span[t]) for t in table_of], np.int64)
+        return table_of, local
+
+    def graphs():
+        fns = [shard._gather, *(shard._rows_fns or ())] + list(shard._apply.values()) + \
+            list(shard._apply_parts_fns.values())
+        return [f.experimental_get_tracing_count() for f in fns if f is not None]
+
+    cur, traced = keys(0), []
+    for step in range(steps):
+        if shard.dim is not None:
+            shard.gather_keys(*cur, ahead=step > 0)
+        else:
+            shard.gather_local([cur[1][cur[0] == t] for t in range(2)], ahead=step > 0)
+        shard.flush()
+        nxt = keys(step + 1)
+        if shard.dim is not None:
+            values = rng.standard_normal((len(cur[0]), dims[0])).astype(np.float32)
+            shard.apply_keys(*cur, values, next_keys=nxt)
+        else:
+            shard.apply_local([cur[1][cur[0] == t] for t in range(2)],
+                              [rng.standard_normal((int((cur[0] == t).sum()), d)).astype(
+                                  np.float32) for t, d in enumerate(dims)], next_keys=nxt)
+        if step >= 2:
+            traced.append(graphs())
+        cur = nxt
+    return shard, traced
+
+
+@pytest.mark.parametrize("kind,dims", [("adagrad", (16, 16)), ("adagrad", (16, 32)),
+                                       ("sgd", (3, 3)), ("sgd", (3, 5)),
+                                       ("adam", (16, 16)), ("adam", (4, 3))])
+def test_split_pushes_are_traced_once_and_only_adam_passes_rows(kind, dims):
+    """A split push's graph calls are traced in the first steps, never again
+    (no retracing per push, none for a later whole push), and take what the
+    optimizer's step needs: SGD's and Adagrad's parts are gradients, applied
+    by the one-part graph (its inputs: ids and gradients, the step read from
+    the shard's counter); only Adam's parts take the rows the next step reads
+    and the step count."""
+    shard, traced = _split_pushes(kind, dims)
+    assert shard.apply_parts["ahead"] == 8 and shard.apply_parts["rest"] == 7, shard.apply_parts
+    assert all(t == traced[-1] for t in traced) and set(traced[-1]) <= {0, 1}, traced
+    # a push without the next keys (a fit's last) applies whole: no graph traced for it
+    # then (a trace costs more CPU than many pushes)
+    if shard.dim is not None:
+        shard.apply_keys(np.zeros(2, np.int64), np.arange(2), np.ones((2, dims[0]), np.float32))
+    else:
+        shard.apply_local([np.arange(2), np.arange(1)],
+                          [np.ones((2, dims[0]), np.float32), np.ones((1, dims[1]), np.float32)])
+    assert shard.apply_parts["whole"] == 1 and shard.apply_parts["rest_late"] == 1
+    fns = [shard._gather, *(shard._rows_fns or ())] + list(shard._apply.values()) + \
+        list(shard._apply_parts_fns.values())
+    assert [f.experimental_get_tracing_count() for f in fns if f is not None] == traced[-1]
+    applies = list(shard._apply.values()) + list(shard._apply_parts_fns.values())
+    if shard.dim is not None:
+        applies.append(shard._rows_fns[1])
+    inputs = sorted(len(tf.nest.flatten(f.input_signature)) for f in applies
+                    if f.experimental_get_tracing_count())
+    per_part = 3 if shard.dim is not None else 2 * len(dims)
+    if kind == "adam":     # the parts ("ahead", "rest", which also applies a whole push):
+        # + rows per table + the step
+        assert inputs == [per_part + len(dims) + 1] * 2, inputs
+    else:                  # one graph, the gradients only
+        assert inputs == [per_part], inputs
+
+
+@pytest.mark.parametrize("kind,dims", [("adagrad", (16, 16)), ("sgd", (3, 5))])
+def test_a_push_the_next_step_does_not_read_is_applied_in_one_call(kind, dims, monkeypatch):
+    """SGD, Adagrad: when the next step reads none of a push's rows, the
+    whole push is its rest, applied at flush in one graph call -- nothing is
+    applied ahead."""
+    calls = []
+    for name in ("_apply_keys", "_apply_local"):
+        real = getattr(ps.Shard, name)
+
+        def spy(self, part, *args, _real=real, **kw):
+            calls.append(part)
+            return _real(self, part, *args, **kw)
+        monkeypatch.setattr(ps.Shard, name, spy)
+    shard, _ = _split_pushes(kind, dims, steps=6, disjoint=True)
+    assert shard.apply_parts == {"ahead": 6, "rest": 5}, shard.apply_parts
+    assert calls == [None] * 5, calls
+
+
+@pytest.mark.parametrize("dims", [(16, 16), (4, 3)])
+def test_adam_keeps_no_copy_of_the_next_rows_between_steps(dims):
+    """Adam's first part works on a copy of the rows the next step reads; the
+    copy holds no rows once the part is applied."""
+    shard, _ = _split_pushes("adam", dims, steps=3)
+    assert shard.apply_parts["ahead"] == 3
+    assert len(shard._copies) == 2
+    for name, (var, slots) in shard._copies.items():
+        for v in [var] + list(slots.values()):
+            assert v.numpy().shape == (0, shard.tables[name].shape[1]), (name, v.numpy().shape)

@@ -65,15 +65,18 @@ def test_a_push_split_around_the_next_rows_trains_the_same_weights(controller, t
     """fit() looks one batch ahead, so the shard knows the next step's rows
     when it applies a push: it applies those first, sends the next rows, then
     the rest (where that is exact: Adagrad on rows of 64 bytes, one width and
-    two; SGD on the tiny model's 16- and 12-byte rows). Every split push's
-    rest is applied after the next rows went out, none late, and the tables,
-    slots and dense weights are bit for bit those of one process."""
+    two; SGD and Adam on the tiny model's 16- and 12-byte rows; Adam on rows
+    of 64 bytes, one width). Adam's parts are rows, not only gradients: the
+    rows the next step reads, touched or not, then every other row. Every
+    split push's rest is applied after the next rows went out, none late, and
+    the tables, slots and dense weights are bit for bit those of one process."""
     out = horovodrun([WORKER, str(tmp_path), "split"], controller, np_=3, timeout=240, env=ROLES)
     assert out.returncode == 0, out.stdout[-6000:]
     reports = [json.load(open(tmp_path / ("split_rank%d.json" % r))) for r in range(3)]
     ps, dense = reports[0], reports[2]
     assert ps["adagrad_16"]["dim"] == 16 and ps["adagrad_16_32"]["dim"] is None
-    for case in ("adagrad_16", "adagrad_16_32", "sgd_4_3"):
+    assert ps["adam_16"]["dim"] == 16 and ps["adam_4_3"]["dim"] is None
+    for case in ("adagrad_16", "adagrad_16_32", "sgd_4_3", "adam_16", "adam_4_3"):
         parts = ps[case]["parts"]
         # 19 pushes know the next step's keys (the last one does not)
         assert parts.get("ahead", 0) >= 15 and parts["ahead"] + parts.get("whole", 0) == 20, \
@@ -83,7 +86,8 @@ def test_a_push_split_around_the_next_rows_trains_the_same_weights(controller, t
             (case, parts)
         assert ps[case]["steps"] == 20
         table_checks = {k: v for k, v in ps[case].items() if isinstance(v, dict) and "equal" in v}
-        assert len(table_checks) == (2 if case.startswith("sgd") else 4), (case, table_checks)
+        slots = {"sgd": 0, "adagrad": 1, "adam": 2}[case.split("_")[0]]
+        assert len(table_checks) == 2 * (1 + slots), (case, table_checks)
         for name, check in table_checks.items():
             assert check["equal"], (case, name, check)
         dense_checks = {k: v for k, v in dense[case].items()

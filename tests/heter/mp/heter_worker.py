@@ -17,9 +17,10 @@
     heter_worker.py OUT_DIR split   fit() (one batch ahead) with tables whose update
                                     the shard splits around the next step's
                                     rows: Adagrad on tables 16 wide (one
-                                    width) and 16 + 32 wide, SGD on the tiny
-                                    model; vs single-process training, with
-                                    the shard's apply parts
+                                    width) and 16 + 32 wide, Adam on tables
+                                    16 wide and on the tiny model, SGD on the
+                                    tiny model; vs single-process training,
+                                    with the shard's apply parts
                                     (OUT_DIR/split_rank<r>.json)
     heter_worker.py OUT_DIR restore a restore while the trainer looks one batch
                                     ahead (Adagrad, 16-wide tables: a split
@@ -94,7 +95,9 @@ def build_wide(dim_a=16, dim_b=16):
 
 SPLIT_CASES = {"adagrad_16": ("adagrad", build_wide),
                "adagrad_16_32": ("adagrad", lambda: build_wide(16, 32)),
-               "sgd_4_3": ("sgd", build_model)}
+               "sgd_4_3": ("sgd", build_model),
+               "adam_16": ("adam", build_wide),
+               "adam_4_3": ("adam", build_model)}
 
 
 def builder(kind):
