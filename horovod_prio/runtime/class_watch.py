@@ -20,7 +20,7 @@ arbiter), a closed connection or a bad frame ends the session: if the last
 answer was "higher", ``on_change(False)`` first (a job never stays niced for
 an arbiter it cannot hear), then it connects again after a back-off
 (doubling up to ``backoff_max``). Nothing here ever blocks or fails the
-job: its errors are logged.
+job: its errors are logged (an outage at INFO: the job's own client warns).
 """
 import logging
 import socket
@@ -100,9 +100,10 @@ class ClassWatcher:
             except (OSError, P.ProtocolError, _Closed, ValueError) as e:
                 if not self._stop.is_set() and not self._outage_logged:
                     self._outage_logged = True
-                    log.warning("horovod_prio: class watcher: arbiter %s:%d unreachable (%s); "
-                                "the job runs at its own CPU priority until it answers",
-                                self.host, self.port, e)
+                    # INFO: the job's own client (rank 0) warns about the outage
+                    log.info("horovod_prio: class watcher: arbiter %s:%d unreachable (%s); "
+                             "the job runs at its own CPU priority until it answers",
+                             self.host, self.port, e)
             except Exception:
                 log.exception("horovod_prio: class watcher failed (retrying)")
             finally:
