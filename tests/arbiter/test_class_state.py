@@ -2,6 +2,7 @@
 FEATURES answer, WATCH and CLASS_STATE; old peers on either side; the job
 side's watcher (every rank's) through joins, leaves, an old arbiter and a
 dead one."""
+import logging
 import socket
 import threading
 import time
@@ -153,6 +154,7 @@ def old_arbiter(monkeypatch):
 
 
 def test_watcher_against_an_old_arbiter_says_so_once_and_changes_nothing(monkeypatch, caplog):
+    caplog.set_level(logging.INFO, "horovod_prio")
     old_arbiter(monkeypatch)
     srv = ArbiterServer("127.0.0.1", 0, SECRET)
     host, port = srv.start()
