@@ -66,8 +66,9 @@ def apply_nice(n, group=None):
     """Every thread at nice ``n`` and, where autogroups are on, the session's
     autogroup at ``group`` (default ``n``). -> ``(threads, group_set, error)``:
     ``error`` None, ``"refused"`` (a value below the current one without
-    CAP_SYS_NICE: nothing more is changed) or the autogroup's OSError text
-    (the threads are set)."""
+    CAP_SYS_NICE: nothing more is changed), ``"group refused"`` (the
+    autogroup's value was refused; the threads are set) or the autogroup's
+    OSError text (the threads are set)."""
     done = set()
     while True:
         todo = thread_ids() - done
@@ -87,7 +88,7 @@ def apply_nice(n, group=None):
         with open(AUTOGROUP, "w") as f:
             f.write(str(n if group is None else group))
     except PermissionError:
-        return done, False, "refused"
+        return done, False, "group refused"       # the threads are set
     except OSError as e:
         return done, False, "%s: %s" % (AUTOGROUP, e.strerror or e)
     return done, True, None
@@ -99,7 +100,7 @@ def set_process_nice(n, log):
     CAP_SYS_NICE) is one warning and the process keeps its priority: it never
     stops a job. Returns whether it was applied."""
     done, group, error = apply_nice(n)
-    if error == "refused":
+    if error in ("refused", "group refused"):
         return _refused(n, log)
     if error:
         log.warning("horovod_prio: %s=%d: the session's autogroup keeps its nice value "
@@ -136,9 +137,12 @@ class LowerClassNice:
                 if self.original[0] >= self.nice:
                     return              # already as low (e.g. started niced): nothing to do
                 _, _, error = self.apply(self.nice)
-                if error == "refused":  # cannot happen raising a value; be safe
+                if error == "refused":  # raising a value is always allowed; be safe
                     self.stuck = True
                     return
+                if error:               # the threads are set, the autogroup is not
+                    self.log.info("horovod_prio: the session's autogroup keeps its nice value "
+                                  "(%s); the threads are set", error)
                 self.niced = True
                 self.changes += 1
                 self.log.info("horovod_prio: a higher job class is on this job's link: the "
@@ -148,7 +152,7 @@ class LowerClassNice:
                 n, group = self.original
                 _, _, error = self.apply(n, group)
                 self.niced = False
-                if error == "refused":
+                if error in ("refused", "group refused"):
                     self.stuck = True
                     self.log.warning(
                         "horovod_prio: no higher job class on this job's link any more, but "
