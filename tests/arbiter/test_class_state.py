@@ -183,7 +183,7 @@ def test_watcher_follows_joins_and_leaves(arbiter):
     assert wait_for(lambda: changes == [True])
     high.close()
     assert wait_for(lambda: changes == [True, False])
-    time.sleep(0.6)                     # 6 ping intervals: a live arbiter keeps its session
+    time.sleep(1.5)                     # 15 ping intervals: a live arbiter keeps its session
     assert w.sessions == 1 and changes == [True, False]
     w.close()
     assert not w._thread.is_alive()
