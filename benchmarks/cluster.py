@@ -54,6 +54,7 @@ import threading
 from dataclasses import dataclass
 from pathlib import Path
 
+from horovod_prio.arbiter.core import DEFAULT_CLASS_RESERVE
 from horovod_prio.method import units
 
 from .models import HARNESS_MODELS
@@ -225,8 +226,8 @@ def build_parser():
     p.add_argument("--arbiter-credit", type=_size, default="8MiB",
                    help="arbiter --credit-bytes (default 8MiB, one job's local credit)")
     p.add_argument("--arbiter-order", choices=["burst", "chunk"], default="burst")
-    p.add_argument("--arbiter-class-reserve", type=units.arg(units.parse_class_reserve), default=0.0, metavar="F",
-                   help="arbiter --class-reserve (default 0 = off, its default)")
+    p.add_argument("--arbiter-class-reserve", type=units.arg(units.parse_class_reserve), default=None,
+                   metavar="F", help="arbiter --class-reserve (default: the arbiter's own)")
     p.add_argument("--starvation-bound", type=int, default=8)
     p.add_argument("--subnet", default="10.77.0.0/16",
                    help="the testbed's addresses (private, /16 or larger; default 10.77.0.0/16)")
@@ -413,7 +414,8 @@ def execute_run(r: dict, args, workroot: Path, secret_file: Path,
             arb = ArbiterProcess(ah.address, secret_file, args.arbiter_credit,
                                  args.starvation_bound, workdir / "arbiter.log",
                                  order=args.arbiter_order, netns=ah.netns,
-                                 extra_args=["--class-reserve", repr(args.arbiter_class_reserve)])
+                                 extra_args=[] if args.arbiter_class_reserve is None else
+                                 ["--class-reserve", repr(args.arbiter_class_reserve)])
             rec["arbiter_address"] = arb.start()
             for j in jobs:
                 j.env.update(arbiter_env(j, arb.address, secret_file))
@@ -496,7 +498,8 @@ def results_meta(args, variants: list[str], command: str) -> dict:
         "repeats": args.repeats, "variants": variants, "jobs": args.job,
         "arbiter_credit": args.arbiter_credit, "arbiter_order": args.arbiter_order,
         "starvation_bound": args.starvation_bound, "subnet": args.subnet,
-        "arbiter_class_reserve": args.arbiter_class_reserve,
+        "arbiter_class_reserve": DEFAULT_CLASS_RESERVE if args.arbiter_class_reserve is None
+        else args.arbiter_class_reserve,
         "sample_interval": args.sample_interval, "link": LINK_NAME, "mtu": testbed.MTU,
     }
 

@@ -30,7 +30,7 @@ from horovod_prio.method import units
 
 from . import placement
 from . import protocol as P
-from .core import Arbiter
+from .core import DEFAULT_CLASS_RESERVE, Arbiter
 from .placement import PlacementError  # noqa: F401 (the CLI's error, re-exported)
 
 SECRET_ENV = "HOROVOD_PRIO_ARBITER_SECRET"
@@ -111,10 +111,12 @@ def build_parser():
                         "(its step's chunks: the highest priority it requested), bursts in start "
                         "order, then the request's own priority; 'chunk' = each request by its "
                         "own priority, ties in arrival order (default burst)")
-    p.add_argument("--class-reserve", type=units.arg(units.parse_class_reserve), default=0.0, metavar="F",
+    p.add_argument("--class-reserve", type=units.arg(units.parse_class_reserve),
+                   default=DEFAULT_CLASS_RESERVE, metavar="F",
                    help="share of each link's credit the lower job classes leave free while a "
                         "job of a higher class is connected, so its next step's first chunks "
-                        "are granted at once (default 0 = off; no effect with one class)")
+                        "are granted at once (default %g; 0 = off; no effect with one class)"
+                        % DEFAULT_CLASS_RESERVE)
     p.add_argument("--handshake-timeout", type=_seconds, default=2.0, metavar="S",
                    help="a connection not authenticated within S seconds is closed (default 2)")
     p.add_argument("--max-connections", type=_positive_count, default=1024, metavar="N",

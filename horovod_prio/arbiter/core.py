@@ -57,7 +57,8 @@ grant for long (a stalled allreduce whose lease its client keeps renewing)
 keeps the lower classes off the link that long; their clients' ``max_wait``
 (10 s by default) then releases their chunks without a grant.
 
-Class reserve (``class_reserve``, default 0 = off): while a job of a higher
+Class reserve (``class_reserve``; the core's default 0 = off, the service's
+:data:`DEFAULT_CLASS_RESERVE`): while a job of a higher
 class is connected to the link, the lower classes' grants together hold at
 most ``credit - int(credit * class_reserve)`` bytes (one request at a time if
 it is larger), so a higher-class job's next burst finds that share of the
@@ -111,6 +112,11 @@ import time
 from collections import OrderedDict
 
 PENDING, GRANTED, DONE = 0, 1, 2
+
+# The service's default class reserve: the lower classes may hold an eighth of
+# the credit (1 MiB of 8 MiB) while a higher class is connected. Measured with
+# niced lower classes on shared CPUs (results/findings/2026-12-07-classes-*.md).
+DEFAULT_CLASS_RESERVE = 0.875
 
 
 class Job:
@@ -421,6 +427,12 @@ class Arbiter:
         self._leases.move_to_end(r)
         self.links[job.link].c["renewals"] += 1
         return True
+
+    def higher_class_connected(self, link, job_class):
+        """Whether a job of a class above ``job_class`` is connected to ``link``
+        (what the class reserve acts on, and what a watcher is told)."""
+        ln = self.links.get(link)
+        return ln is not None and ln.top is not None and ln.top > job_class
 
     def is_pending(self, job, token):
         r = job.reqs.get(token)

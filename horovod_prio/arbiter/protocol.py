@@ -36,12 +36,15 @@ Payloads (``type u8`` + fields, big endian)::
     C->S STATS     0x05  -
     C->S CANCEL    0x06  u64 token   (withdrawn: pending -> dropped, granted -> released)
     C->S RENEW     0x07  u64 token   (the grant is still in use: restart its lease)
+    C->S WATCH     0x08  str16 link, i32 job_class   (only after FEATURES said class state)
     S->C REGISTERED 0x81 u32 lease_ms
     S->C GRANT     0x82  u64 token
     S->C QUEUED    0x83  u64 token   (request accepted, waiting behind others)
     S->C PONG      0x84  u64 nonce
     S->C STATS_REPLY 0x85 u8 more, utf-8 JSON fragment (more=1: another fragment follows)
     S->C ERROR     0x86  utf-8 text (server closes after it)
+    S->C FEATURES  0x87  u32 bits    (only before the PONG of a PING with nonce PROBE)
+    S->C CLASS_STATE 0x88 u8 higher  (a WATCH's link has a class above its class connected: 1/0)
 
 ``token`` is chosen by the client (unique per connection); ``str16`` is
 ``u16 length`` + UTF-8 bytes, at most :data:`MAX_NAME` bytes. ``step``, the
@@ -49,6 +52,17 @@ job's training step the chunk belongs to (> 0; see the burst order in
 :mod:`.core`), is optional: a REQUEST without it (a client that does not
 know its steps) is untagged, as is step 0. An arbiter from before the field
 drops a client that sends it (``trailing bytes in REQUEST``).
+
+Features (class state). A client learns what the arbiter offers beyond the
+frames above without risking its connection: it sends a PING whose nonce is
+:data:`PROBE`. An arbiter that has features answers FEATURES (a bit set,
+:data:`F_CLASS_STATE`) and then the PONG; an older one answers the PONG
+only, which tells the client to use none. Only a client that saw
+F_CLASS_STATE sends WATCH; the arbiter then sends CLASS_STATE at once and
+again whenever the answer changes (a job of another class joins or leaves
+the link), until the connection closes. A watching connection is not a job:
+it needs no REGISTER and holds no place on the link. Old clients never send
+the probe, so they never see a frame they do not know.
 """
 import hashlib
 import hmac
@@ -71,12 +85,19 @@ T_PING = 0x04
 T_STATS = 0x05
 T_CANCEL = 0x06
 T_RENEW = 0x07
+T_WATCH = 0x08
 T_REGISTERED = 0x81
 T_GRANT = 0x82
 T_QUEUED = 0x83
 T_PONG = 0x84
 T_STATS_REPLY = 0x85
 T_ERROR = 0x86
+T_FEATURES = 0x87
+T_CLASS_STATE = 0x88
+
+PROBE = 0x4850_4150_524F_4245   # "HPAPROBE": a PING with this nonce asks for FEATURES
+F_CLASS_STATE = 1               # WATCH / CLASS_STATE
+FEATURES = F_CLASS_STATE        # what this arbiter offers
 
 _LEN = struct.Struct(">I")
 _U64 = struct.Struct(">BQ")
@@ -336,6 +357,18 @@ def enc_registered(lease_seconds):
     return _U32.pack(T_REGISTERED, min(int(lease_seconds * 1000), 0xFFFFFFFF))
 
 
+def enc_watch(link, job_class):
+    return bytes([T_WATCH]) + _str16(link) + _I32.pack(job_class)
+
+
+def enc_features(bits=FEATURES):
+    return _U32.pack(T_FEATURES, bits)
+
+
+def enc_class_state(higher):
+    return bytes([T_CLASS_STATE, 1 if higher else 0])
+
+
 def enc_request(token, priority, nbytes, chunk_id, step=0):
     body = _REQ.pack(T_REQUEST, token, priority, nbytes, 0)[:-2] + _str16(chunk_id)
     return body + _STEP.pack(step) if step else body
@@ -388,6 +421,30 @@ def dec_register(p):
     if not job or not link:
         raise ProtocolError("empty job id or link in REGISTER")
     return job, link, _I32.unpack_from(p, pos)[0]
+
+
+def dec_watch(p):
+    """-> ``(link, job_class)``."""
+    link, pos = _read_str16(p, 1)
+    if len(p) != pos + _I32.size:
+        raise ProtocolError("bad length of WATCH")
+    if not link:
+        raise ProtocolError("empty link in WATCH")
+    return link, _I32.unpack_from(p, pos)[0]
+
+
+def dec_features(p):
+    """-> the arbiter's feature bits."""
+    if len(p) != _U32.size:
+        raise ProtocolError("bad length %d of FEATURES" % len(p))
+    return _U32.unpack(p)[1]
+
+
+def dec_class_state(p):
+    """-> whether a higher class is connected to the watched link."""
+    if len(p) != 2 or p[1] not in (0, 1):
+        raise ProtocolError("bad CLASS_STATE")
+    return bool(p[1])
 
 
 def dec_registered(p):

@@ -35,7 +35,7 @@ import threading
 import time
 
 from . import protocol as P
-from .core import Arbiter
+from .core import DEFAULT_CLASS_RESERVE, Arbiter
 from .transport import Transport, nodelay
 
 log = logging.getLogger("horovod_prio.arbiter")
@@ -89,7 +89,7 @@ _HELLO, _PROOF, _AUTH = 0, 1, 2
 
 class _Conn:
     __slots__ = ("srv", "t", "fd", "peer", "stage", "hs", "session", "job", "closed", "events",
-                 "stats_parts", "held")
+                 "stats_parts", "held", "watch")
 
     def __init__(self, srv, sock, peer):
         self.srv = srv
@@ -104,6 +104,7 @@ class _Conn:
         self.events = _READ
         self.stats_parts = None
         self.held = None        # sealed frames not written yet (see hold())
+        self.watch = None       # WATCH: [link, job_class, last CLASS_STATE sent]
 
     # -------------------------------------------------------- I/O
     def on_readable(self):
@@ -264,7 +265,18 @@ class _Conn:
             if not srv.arbiter.renew(job, P.dec_token(p)):
                 srv.counters["late_renewals"] += 1
         elif kind == P.T_PING:
-            self.send(P.enc_token(P.T_PONG, P.dec_token(p)))
+            nonce = P.dec_token(p)
+            if nonce == P.PROBE:                # a client asking what this arbiter offers
+                self.send(P.enc_features())
+            self.send(P.enc_token(P.T_PONG, nonce))
+        elif kind == P.T_WATCH:
+            if self.watch is not None:
+                raise P.ProtocolError("second WATCH")
+            link, job_class = P.dec_watch(p)
+            higher = srv.arbiter.higher_class_connected(link, job_class)
+            self.watch = [link, job_class, higher]
+            srv.watchers.setdefault(link, set()).add(self)
+            self.send(P.enc_class_state(higher))
         elif kind == P.T_REGISTER:
             if job is not None:
                 raise P.ProtocolError("second REGISTER")
@@ -273,6 +285,7 @@ class _Conn:
             log.info("arbiter: job %s (class %d) joined link %s from %s", job_id, job_class, link,
                      self.peer)
             self.send(P.enc_registered(srv.arbiter.lease_seconds))
+            srv.class_changed(link)
         elif kind == P.T_STATS:
             if len(p) != 1:
                 raise P.ProtocolError("trailing bytes in STATS")
@@ -298,7 +311,7 @@ class ArbiterServer:
     def __init__(self, host="127.0.0.1", port=0, secret=None, credit_bytes=8 << 20,
                  lease_seconds=10.0, starvation_bound=8, link_credits=None,
                  handshake_timeout=2.0, max_connections=1024, order="burst", max_handshakes=64,
-                 class_reserve=0.0):
+                 class_reserve=DEFAULT_CLASS_RESERVE):
         self.secret = P.load_secret(secret, "arbiter")
         self.host, self.port = host, port
         self.arbiter = Arbiter(credit_bytes, lease_seconds, starvation_bound, link_credits,
@@ -309,6 +322,7 @@ class ArbiterServer:
         self.conns = set()
         self.handshaking = collections.OrderedDict()   # _Conn -> deadline, in accept order
         self.dead = []
+        self.watchers = {}              # link -> connections that WATCH it
         self.counters = {"connections": 0, "rejected_connections": 0, "auth_failures": 0,
                          "protocol_errors": 0, "late_completions": 0, "late_renewals": 0}
         self.address = None
@@ -349,9 +363,19 @@ class ArbiterServer:
         for c in held:
             c.release()
 
+    def class_changed(self, link):
+        """A job joined or left ``link``: send CLASS_STATE to each watcher of the
+        link whose answer changed."""
+        for c in self.watchers.get(link, ()):
+            higher = self.arbiter.higher_class_connected(link, c.watch[1])
+            if higher != c.watch[2]:
+                c.watch[2] = higher
+                c.send(P.enc_class_state(higher))
+
     def stats(self):
         s = dict(self.counters)
         s["connected"] = len(self.conns) - len(self.handshaking)
+        s["watchers"] = sum(len(w) for w in self.watchers.values())
         s["handshaking"] = len(self.handshaking)
         s["uptime_seconds"] = round(time.monotonic() - self._t0, 3)
         s["credit_bytes"] = self.arbiter.credit_bytes
@@ -559,6 +583,12 @@ class ArbiterServer:
                 except (KeyError, ValueError, OSError):
                     pass
             conn.t.close()
+            if conn.watch is not None:
+                w = self.watchers.get(conn.watch[0])
+                if w is not None:
+                    w.discard(conn)
+                    if not w:
+                        del self.watchers[conn.watch[0]]
             job, conn.job = conn.job, None
             if job is not None:
                 n = len(job.reqs)
@@ -570,6 +600,7 @@ class ArbiterServer:
                 log.info("arbiter: job %s left link %s (%s); released %d requests/grants",
                          job.job_id, job.link, conn.peer, n)
                 self.send_grants(grants)
+                self.class_changed(job.link)
 
     def _shutdown(self):
         for c in list(self.conns):

@@ -318,6 +318,12 @@ class PriorityConfig:
         "the session's autogroup; a value below the current one without CAP_SYS_NICE is "
         "refused: one warning ([arbiter.md](arbiter.md#the-cpu-beside-the-link))",
         process=True, shown="unset")
+    class_auto: bool = _knob(
+        True, _unit(units.parse_bool),
+        "with an arbiter: while a job of a higher class is connected to this job's link, every "
+        "thread of every rank runs at nice 19 (with its autogroup) and returns to its value "
+        "when none is; an explicit `cpu_nice` wins; `0` = off "
+        "([arbiter.md](arbiter.md#the-cpu-beside-the-link))", process=True)
     overlap: Optional[bool] = _knob(
         None, _unit(units.parse_bool),
         "barrier crossing: unset = as `hvd.overlap(...)` says, `0` = `hvd.overlap` is a "

@@ -8,7 +8,10 @@ use). It
   trainer's job holds on the first rank of each role instead);
 * attaches the arbiter link (on a holding rank, when the job opted in);
 * owns the Chrome trace (one file per rank);
-* sets every thread's nice value (``cpu_nice``, :mod:`horovod_prio.runtime.cpu`);
+* sets every thread's nice value (``cpu_nice``, :mod:`horovod_prio.runtime.cpu`),
+  or, with an arbiter and ``class_auto`` (the default), watches the job's
+  link and nices the process while a higher job class is connected to it
+  (:mod:`horovod_prio.runtime.class_watch`; every rank);
 * keeps one :class:`~horovod_prio.runtime.monitor.Monitor` per
   optimizer/tape identity and runs the thread that feeds them finished steps
   and flushes the trace;
@@ -30,7 +33,7 @@ import threading
 
 from horovod_prio.method.config import PROCESS_FIELDS  # declared with the fields
 from horovod_prio.runtime.autotune import CreditTuner, credit_candidates
-from horovod_prio.runtime.cpu import set_process_nice
+from horovod_prio.runtime.cpu import LowerClassNice, set_process_nice
 from horovod_prio.runtime.monitor import Monitor
 from horovod_prio.runtime.trace import ChunkTracer, TraceWriter, trace_path_for_rank
 
@@ -54,6 +57,8 @@ class Runtime:
         self.writer = None
         self.tracer = None
         self.arbiter = None
+        self.class_watch = None       # ClassWatcher (class_auto)
+        self.lower_nice = None        # LowerClassNice it drives
         self.clock = None
         self.tuner = None
         self.overlap_credit = None      # set once an optimizer overlaps (use_overlap_credit)
@@ -119,6 +124,13 @@ class Runtime:
         self.hold = hold
         if config.cpu_nice is not None:
             set_process_nice(config.cpu_nice, log)
+        elif config.class_auto and config.arbiter:
+            from horovod_prio.runtime.class_watch import watcher_from_config
+            self.lower_nice = LowerClassNice(log)
+            try:
+                self.class_watch = watcher_from_config(config, self.lower_nice.on_class_state)
+            except ValueError as e:
+                log.warning("horovod_prio: class_auto off: %s", e)
         self._set_credit(config.credit_bytes)
         if config.trace_path:
             path = trace_path_for_rank(config.trace_path, rank)
@@ -329,6 +341,8 @@ class Runtime:
             self.clock.wake()
         if self._thread is not None:
             self._thread.join(5.0)
+        if self.class_watch is not None:
+            self.class_watch.close()
         if self.arbiter is not None:
             self.arbiter.close()
         if self.writer is not None:

@@ -88,7 +88,7 @@ def test_cli_reads_sizes_counts_and_seconds_with_the_projects_parsers(capsys):
     assert dict(a.link_credit) == {"eth1": 1536, "eth2": 2 << 20}
     assert a.lease_seconds == 0.25 and a.starvation_bound == 0 and a.handshake_timeout == 0.1
     assert a.max_handshakes == 8 and a.class_reserve == 0.25
-    assert p.parse_args(["--bind", "h:1"]).class_reserve == 0.0
+    assert p.parse_args(["--bind", "h:1"]).class_reserve == 0.875     # the measured default
     for argv, rule in ((["--credit-bytes", "1.0001KiB"], units.bytes_rule(1)),
                        (["--credit-bytes", "0"], units.bytes_rule(1)),
                        (["--link-credit", "eth1=lots"], units.bytes_rule(1)),

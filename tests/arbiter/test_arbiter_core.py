@@ -863,3 +863,71 @@ def test_lazy_heaps_stay_bounded_by_their_live_entries(order):
     heaps = [ln.heap, ln.jheap] + [lane.starve for lane in ln.lanes.values()]
     assert max(len(h) for h in heaps) <= 2 * len(ln.jobs) + 64 + 1
     assert names(a.complete(keep, 1)) == [("keep", "waits")]
+
+
+def test_default_class_reserve_changes_nothing_on_a_one_class_link():
+    """The service's default reserve acts only while a higher class is
+    connected: with one class on the link (any class, jobs joining and
+    leaving) it grants exactly what no reserve grants, call by call."""
+    import random
+    from horovod_prio.arbiter.core import DEFAULT_CLASS_RESERVE
+    assert DEFAULT_CLASS_RESERVE == 0.875
+    for seed in range(8):
+        rng = random.Random(seed)
+        cls = rng.choice([0, 0, 3, -2])
+        arbs = [mk(credit=100, order=order, class_reserve=r)
+                for r in (0.0, DEFAULT_CLASS_RESERVE) for order in ("chunk", "burst")][:4]
+        pairs = [(arbs[0], arbs[2]), (arbs[1], arbs[3])]
+        for (a, ca), (b, cb) in pairs:
+            ja = {n: a.register(n, "L", job_class=cls) for n in ("A", "B", "C")}
+            jb = {n: b.register(n, "L", job_class=cls) for n in ("A", "B", "C")}
+            live, tok = [], 0
+            for step in range(300):
+                op = rng.random()
+                if op < 0.55 or not live:
+                    n, tok = rng.choice("ABC"), tok + 1
+                    prio, nbytes = rng.randint(-2, 2), rng.choice([1, 10, 40, 100, 150])
+                    live.append((n, tok))
+                    assert names(a.request(ja[n], tok, prio, nbytes, str(tok))) == \
+                        names(b.request(jb[n], tok, prio, nbytes, str(tok))), (seed, step)
+                elif op < 0.95:
+                    n, t = live.pop(rng.randrange(len(live)))
+                    ga, gb = a.complete(ja[n], t), b.complete(jb[n], t)
+                    assert (ga is None) == (gb is None)
+                    assert names(ga or []) == names(gb or []), (seed, step)
+                else:
+                    n = rng.choice("ABC")
+                    assert names(a.drop(ja[n])) == names(b.drop(jb[n])), (seed, step)
+                    live = [x for x in live if x[0] != n]
+                    ja[n] = a.register(n, "L", job_class=cls)
+                    jb[n] = b.register(n, "L", job_class=cls)
+            assert a.links["L"].c["grants"] == b.links["L"].c["grants"] > 20
+
+
+def test_default_class_reserve_holds_the_lower_class_to_an_eighth_beside_a_higher_one():
+    """The same reserve acts as soon as a higher class connects (8 MiB credit:
+    the class-0 job holds 1 MiB, or one larger chunk alone) and stops when it
+    leaves."""
+    from horovod_prio.arbiter.core import DEFAULT_CLASS_RESERVE
+    M = 1 << 20
+    a, _ = mk(credit=8 * M, class_reserve=DEFAULT_CLASS_RESERVE)
+    low = a.register("low", "L")
+    high = a.register("high", "L", job_class=1)
+    assert a.higher_class_connected("L", 0) and not a.higher_class_connected("L", 1)
+    got = [r.token for t in range(1, 9) for r in a.request(low, t, 0, M // 2, "l")]
+    assert got == [1, 2]                        # 1 MiB of 8
+    assert [r.token for r in a.drop(high)] == [3, 4, 5, 6, 7, 8]    # gone: the whole credit
+    assert not a.higher_class_connected("L", 0)
+    assert not a.higher_class_connected("nowhere", 0)
+
+
+def test_the_service_and_its_command_line_default_to_the_measured_reserve():
+    from horovod_prio.arbiter.cli import build_parser
+    from horovod_prio.arbiter.core import DEFAULT_CLASS_RESERVE
+    from horovod_prio.arbiter.server import ArbiterServer
+    p = build_parser()
+    assert p.parse_args(["--bind", "127.0.0.1:0"]).class_reserve == DEFAULT_CLASS_RESERVE
+    assert p.parse_args(["--bind", "127.0.0.1:0", "--class-reserve", "0"]).class_reserve == 0.0
+    srv = ArbiterServer("127.0.0.1", 0, "s" * 32)
+    assert srv.arbiter.class_reserve == DEFAULT_CLASS_RESERVE
+    assert srv.arbiter.links == {} and Arbiter().class_reserve == 0.0   # the core: off

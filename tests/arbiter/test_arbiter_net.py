@@ -441,8 +441,8 @@ def test_stats_request(server_factory, client_factory):
     for name in ("waits", "wait_seconds_total", "expired_leases", "outstanding_bytes"):
         assert name in st["links"]["eth0"]
     assert st["server"]["auth_failures"] == 0
-    # the service's defaults are the core's (and the CLI's): no class reserve
-    assert st["server"]["class_reserve"] == 0.0 and st["links"]["eth0"]["lower_class_cap_bytes"] == 100
+    # the service's default reserve; the cap is the credit's eighth (100 - int(87.5))
+    assert st["server"]["class_reserve"] == 0.875 and st["links"]["eth0"]["lower_class_cap_bytes"] == 13
     with pytest.raises(P.AuthError, match="wrong secret"):
         fetch_stats(srv.address, b"wrong", timeout=2)
     assert fetch_stats(srv.address, SECRET)["server"]["auth_failures"] == 1

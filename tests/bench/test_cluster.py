@@ -58,7 +58,7 @@ def test_defaults_and_other_bad_arguments(capsys):
     assert all((j["steps"], j["batch"], j["model"]) == (20, 512, "mlp") for j in a.job)
     assert (a.transport, a.rate, a.variants, a.pin) == ("gloo", "1gbit", ["hvd", "spec"], "job")
     assert cluster.parse_args(["--mpi"]).transport == "mpi"
-    assert a.arbiter_class_reserve == 0.0
+    assert a.arbiter_class_reserve is None      # the arbiter's own default
     assert cluster.parse_args(["--arbiter-class-reserve", "0.5"]).arbiter_class_reserve == 0.5
     for argv, needle in ((["--job", "prio,start=5"], "start at once"),
                          (["--job", "prio"] * 9, "at most 8"),

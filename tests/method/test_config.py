@@ -15,7 +15,7 @@ DEFAULTS = dict(
     warmup_batches=2, calibration_batches=20, partition_bytes=None, credit_bytes=None, autotune=False, monitor=True, trace_path=None,
     arbiter=None, link=None, job_id=None, arbiter_secret=None, arbiter_secret_file=None,
     job_priority=0, arbiter_timeout=0.05, arbiter_client="native", arbiter_io_priority=None,
-    cpu_nice=None, overlap=None,
+    cpu_nice=None, class_auto=True, overlap=None,
 )
 # what arbiter= needs beside it
 WITH_ARBITER = dict(link="l", arbiter_secret="s")
@@ -471,7 +471,7 @@ def test_derived_views_of_the_field_declarations():
     assert set(config.PROCESS_FIELDS) == {
         "credit_bytes", "autotune", "trace_path", "arbiter", "link", "job_id",
         "arbiter_secret", "arbiter_secret_file", "arbiter_timeout", "job_priority",
-        "arbiter_client", "arbiter_io_priority", "cpu_nice"}
+        "arbiter_client", "arbiter_io_priority", "cpu_nice", "class_auto"}
     for name in DEFAULTS:
         assert config.__doc__.count("\n    %s " % name) == 1, name
     assert "arbiter_secret" not in repr(PriorityConfig.from_env({}, arbiter_secret="s2")) \

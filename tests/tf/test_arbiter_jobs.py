@@ -258,9 +258,11 @@ def test_trace_shows_the_wait_for_the_arbiter(alive):
             assert rel is not None and abs(e["ts"] + e["dur"] - rel) < 2, (e, rel)
 
 
-def test_only_rank0_talks_to_the_arbiter(alive):
-    # one connection per job (rank 1 never connects), plus our stats query
-    assert alive["stats"]["server"]["connections"] == 3, alive["stats"]["server"]
+def test_only_rank0_asks_for_the_link(alive):
+    # one job per job at the arbiter (rank 1 never registers), a class watcher per rank
+    # (class_auto: 2 jobs x 2 ranks), plus our stats query
+    assert set(alive["stats"]["links"][LINK]["grants_per_job"]) == {"job-a", "job-b"}
+    assert alive["stats"]["server"]["connections"] == 2 + 4 + 1, alive["stats"]["server"]
 
 
 # ---------------------------------------------------------------- 2. arbiter killed
