@@ -9,6 +9,8 @@ use). It
 * attaches the arbiter link (on a holding rank, when the job opted in);
 * owns the Chrome trace (one file per rank);
 * sets every thread's nice value (``cpu_nice``, :mod:`horovod_prio.runtime.cpu`);
+* tunes glibc malloc where asked (``malloc_tuning``, :mod:`horovod_prio.runtime.malloc`;
+  a heterogeneous trainer decides before it reaches here);
 * keeps one :class:`~horovod_prio.runtime.monitor.Monitor` per
   optimizer/tape identity and runs the thread that feeds them finished steps
   and flushes the trace;
@@ -30,6 +32,7 @@ import threading
 
 from horovod_prio.method.config import PROCESS_FIELDS  # declared with the fields
 from horovod_prio.runtime.autotune import CreditTuner, credit_candidates
+from horovod_prio.runtime import malloc
 from horovod_prio.runtime.cpu import set_process_nice
 from horovod_prio.runtime.monitor import Monitor
 from horovod_prio.runtime.trace import ChunkTracer, TraceWriter, trace_path_for_rank
@@ -119,6 +122,7 @@ class Runtime:
         self.hold = hold
         if config.cpu_nice is not None:
             set_process_nice(config.cpu_nice, log)
+        malloc.apply(config, False, log)       # data-parallel: only when asked (decided once)
         self._set_credit(config.credit_bytes)
         if config.trace_path:
             path = trace_path_for_rank(config.trace_path, rank)
