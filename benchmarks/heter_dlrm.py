@@ -76,6 +76,8 @@ SYSTEMS = ("plain", "heter")
 #: ``--optimizer``: the Keras optimizer both systems train with (the
 #: parameter-server shards apply the same rule to the tables)
 OPTIMIZERS = {"adagrad": ("Adagrad", 0.05), "adam": ("Adam", 0.001), "sgd": ("SGD", 0.05)}
+#: --malloc-tuning -> HOROVOD_PRIO_MALLOC_TUNING in both systems' ranks (None: unset)
+MALLOC_TUNING = {"default": None, "off": "0", "all": "1"}
 HOSTS = {"a1": "A", "a2": "A", "b1": "B"}
 PLAIN_H = "a1:1,a2:1,b1:1"
 #: MLPerf DLRMv2's multi-hot sizes of the 26 fields (its synthetic multi-hot
@@ -265,6 +267,12 @@ def build_parser() -> argparse.ArgumentParser:
                    help="the optimizer both systems train with (learning rates: "
                         + ", ".join(f"{k} {v[1]:g}" for k, v in OPTIMIZERS.items()) + ")")
     p.add_argument("--transport", choices=("gloo", "mpi"), default="gloo")
+    p.add_argument("--malloc-tuning", choices=MALLOC_TUNING, default="default",
+                   help="glibc malloc tuning (PriorityConfig.malloc_tuning): default = the "
+                        "product's (heter ranks tuned, plain Horovod not), off = no rank "
+                        "(HOROVOD_PRIO_MALLOC_TUNING=0), all = plain Horovod's ranks too "
+                        "(HOROVOD_PRIO_MALLOC_TUNING=1, as a data-parallel horovod_prio rank "
+                        "takes it)")
     p.add_argument("--run-timeout", type=_pos_float("--run-timeout"), default=900.0,
                    help="seconds before a run is stopped and recorded as failed")
     p.add_argument("--sample-interval", type=_pos_float("--sample-interval"), default=0.1)
@@ -434,6 +442,7 @@ def worker(system: str, cfg: dict, out_dir: str) -> int:
     n = cfg["warmup"] + cfg["steps"]
     loss_fn = tf.keras.losses.BinaryCrossentropy(from_logits=True)
     rec = {"system": system, "host": socket.gethostname(), "threads": threads}
+    from horovod_prio.runtime import malloc
     ends, cpu0 = [], None
     if system == "heter":
         from horovod_prio.heter import placement, roles as roles_mod
@@ -475,6 +484,12 @@ def worker(system: str, cfg: dict, out_dir: str) -> int:
         trainer.close()
     else:
         hvd.init()
+        # what a data-parallel horovod_prio rank's set-up does: tuned only with
+        # HOROVOD_PRIO_MALLOC_TUNING=1 (--malloc-tuning all)
+        import logging
+        from horovod_prio.heter import roles as _  # noqa: F401 (declares HOROVOD_PRIO_HETER_ROLES)
+        from horovod_prio.method.config import PriorityConfig
+        malloc.apply(PriorityConfig(), False, logging.getLogger("horovod_prio"))
         tf.keras.utils.set_random_seed(cfg["seed"])      # identical tables on every rank
         model = build_model(cfg)
         opt = keras_optimizer(cfg)
@@ -501,7 +516,8 @@ def worker(system: str, cfg: dict, out_dir: str) -> int:
             ends.append(time.time())
         rec["cpu_s_per_step"] = (_cpu_seconds() - cpu0) / cfg["steps"]
         hvd.allreduce(np.zeros(1, np.float32), name="plain.close")
-    rec.update(rank=hvd.rank(), size=hvd.size(), step_ends=ends, vm_hwm=_vm_hwm())
+    rec.update(rank=hvd.rank(), size=hvd.size(), step_ends=ends, vm_hwm=_vm_hwm(),
+               malloc_tuned=bool(malloc.decided()))
     with open(os.path.join(out_dir, f"{system}_rank{hvd.rank()}.json"), "w") as f:
         json.dump(rec, f)
     hvd.shutdown()
@@ -542,7 +558,7 @@ def summarize_run(ranks: list[dict], samples: list[dict], steps: int, warmup: in
         rss.setdefault(r["role"], []).append(r["vm_hwm"])
     out["peak_rss_by_role"] = {k: max(v) for k, v in rss.items()}
     out["ranks"] = [{k: r[k] for k in ("rank", "role", "host", "vm_hwm", "rss_after_init",
-                                        "cpu_s_per_step", "apply_parts") if k in r}
+                                        "cpu_s_per_step", "apply_parts", "malloc_tuned") if k in r}
                     for r in ranks]
     waits = {}
     for r in ranks:
@@ -664,6 +680,21 @@ def wire_bounds(meta: dict) -> tuple[dict, int]:
             "plain": {"fabric": b["plain"]["fabric"]}}, mtu
 
 
+def _tuned_ranks(results: dict) -> str:
+    """Which ranks' malloc was tuned, from the ok runs' records."""
+    seen = {}
+    for r in results["runs"]:
+        for k in r.get("ranks") or []:
+            if "malloc_tuned" in k:
+                seen.setdefault(f"{r['system']} {k['role']}", set()).add(k["malloc_tuned"])
+    if not seen:
+        return "not recorded"
+    on = sorted(n for n, v in seen.items() if v == {True})
+    mixed = sorted(n for n, v in seen.items() if len(v) > 1)
+    text = "tuned: " + (", ".join(on) or "none")
+    return text + ("; in some runs only: " + ", ".join(mixed) if mixed else "")
+
+
 def render_md(results: dict) -> str:
     from .bounds import floor_label
     meta, summ = results["meta"], results.get("summary") or summarize(results)
@@ -683,7 +714,8 @@ def render_md(results: dict) -> str:
              f"{meta['dense_params']} dense parameters; global batch {meta['config']['batch']}, "
              f"{meta['config']['warmup']} warm-up + {meta['config']['steps']} timed steps, "
              f"{meta['repeats']} interleaved repeats; {opt_name} (learning rate {opt_lr:g})"
-             f"{only}.", "",
+             f"{only}. glibc malloc tuning (`--malloc-tuning`): "
+             f"{meta.get('malloc_tuning', 'default')} ({_tuned_ranks(results)}).", "",
              "| link rate | plain Horovod samples/s | heter samples/s | heter/plain (median, min–max) "
              "| plain bytes/step uplink, fabric (bound fabric, payload) "
              "| heter bytes/step uplink, fabric "
@@ -866,9 +898,13 @@ def execute_run(system: str, rate: str, scenario: str, repeat: int, a, cfg: dict
     log = workdir / "launcher.log"
     try:
         tb.create()
-        env = tb.launch_env(dict(os.environ, PYTHONPATH=str(REPO), TF_CPP_MIN_LOG_LEVEL="2",
-                                 PYTHONUNBUFFERED="1",
-                                 HOROVOD_PRIO_HETER_ROLES=heter_layout(cfg["sparse_trainers"])["roles"]))
+        base = dict(os.environ, PYTHONPATH=str(REPO), TF_CPP_MIN_LOG_LEVEL="2",
+                    PYTHONUNBUFFERED="1",
+                    HOROVOD_PRIO_HETER_ROLES=heter_layout(cfg["sparse_trainers"])["roles"])
+        base.pop("HOROVOD_PRIO_MALLOC_TUNING", None)
+        if MALLOC_TUNING[a.malloc_tuning] is not None:
+            base["HOROVOD_PRIO_MALLOC_TUNING"] = MALLOC_TUNING[a.malloc_tuning]
+        env = tb.launch_env(base)
         sampler = LinkSampler(tb, a.sample_interval).start()
         with open(log, "w") as f:
             proc = tb.popen("head", launch_command(system, cfg, workdir, a.transport),
@@ -995,7 +1031,7 @@ def main(argv=None) -> int:
             "uncapped_memory": a.uncapped_memory,
             "heter_roles": heter_layout(a.sparse_trainers)["roles"],
             "hosts": {"plain": PLAIN_H, "heter": heter_layout(a.sparse_trainers)["H"]},
-            "transport": a.transport, "systems": a.systems,
+            "transport": a.transport, "systems": a.systems, "malloc_tuning": a.malloc_tuning,
             "unshaped_rate": UNSHAPED_RATE, "cap_rate": a.cap_rate, "mtu": testbed_mtu()}
     results = {"meta": meta, "runs": []}
     # the launchers' logs and the ranks' records stay out of the result folder

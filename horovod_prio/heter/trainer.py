@@ -50,6 +50,7 @@ import numpy as np
 from horovod_prio.heter import placement as placement_mod
 from horovod_prio.heter import ps as ps_mod
 from horovod_prio.heter.tape_placement import StepPlan
+from horovod_prio.runtime import malloc
 
 
 log = logging.getLogger("horovod_prio")
@@ -205,6 +206,8 @@ class HeterTrainer:
                 "inspection: HeterTrainer runs Keras models only; build the model as Keras "
                 "layers (tf.keras.layers.Embedding tables, a functional tf.keras.Model) and pass "
                 "plan=placement.place(model) or no plan" % plan.step_name)
+        from horovod_prio.tensorflow.optimizer import resolve_config
+        config = resolve_config(priority)
         import tensorflow as tf
         if hvd is None:
             import horovod.tensorflow as hvd
@@ -215,6 +218,9 @@ class HeterTrainer:
                              % (roles.size, hvd.size()))
         self.rank = hvd.rank()
         self.role = roles.role(self.rank)
+        # before any of the trainer's tensors exist: glibc malloc keeps freed blocks for the
+        # next step's (runtime/malloc.py; the first set-up of the process decides)
+        malloc.apply(config, True, log)
         self.plan = plan or placement_mod.place(model)
         self._tables(sharding)
         self._cut()
@@ -230,8 +236,7 @@ class HeterTrainer:
         self.exchange_counts = collections.Counter()   # alltoalls this rank ran, by exchange
         self.dense_model = self._dense_part()
         from horovod_prio.heter.exchange import Exchanges
-        from horovod_prio.tensorflow.optimizer import resolve_config
-        self.exchanges = Exchanges(self, resolve_config(priority), roles, self.rank, hvd,
+        self.exchanges = Exchanges(self, config, roles, self.rank, hvd,
                                    self.dense_model.trainable_variables, self._sets["dense"])
         if self.role == "ps":
             self.shard = ps_mod.Shard(

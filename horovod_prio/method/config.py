@@ -324,6 +324,17 @@ class PriorityConfig:
         "thread of every rank runs at nice 19 (with its autogroup) and returns to its value "
         "when none is; an explicit `cpu_nice` wins; `0` = off "
         "([arbiter.md](arbiter.md#the-cpu-beside-the-link))", process=True)
+    malloc_tuning: Optional[bool] = _knob(
+        None, _unit(units.parse_bool),
+        "glibc malloc keeps freed blocks for reuse (mmap threshold 256 MiB, trim threshold "
+        "1 GiB, top pad 64 MiB, set with `mallopt` when the first optimizer, tape or trainer "
+        "sets the process up): fewer page faults and `munmap`s where a step allocates and "
+        "frees the same large buffers, at the cost of free memory held by the process; unset = "
+        "on for a heterogeneous trainer's ranks, off for data-parallel ones; `1` = every rank; "
+        "`0` = glibc's defaults. A `MALLOC_*_` variable or `GLIBC_TUNABLES` entry the user "
+        "sets wins; without glibc: one log line, nothing changed "
+        "([heter.md](heter.md#malloc-on-the-heterogeneous-ranks))",
+        process=True, shown="unset")
     overlap: Optional[bool] = _knob(
         None, _unit(units.parse_bool),
         "barrier crossing: unset = as `hvd.overlap(...)` says, `0` = `hvd.overlap` is a "

@@ -12,6 +12,8 @@ use). It
   or, with an arbiter and ``class_auto`` (the default), watches the job's
   link and nices the process while a higher job class is connected to it
   (:mod:`horovod_prio.runtime.class_watch`; every rank);
+* tunes glibc malloc where asked (``malloc_tuning``, :mod:`horovod_prio.runtime.malloc`;
+  a heterogeneous trainer decides before it reaches here);
 * keeps one :class:`~horovod_prio.runtime.monitor.Monitor` per
   optimizer/tape identity and runs the thread that feeds them finished steps
   and flushes the trace;
@@ -33,6 +35,7 @@ import threading
 
 from horovod_prio.method.config import PROCESS_FIELDS  # declared with the fields
 from horovod_prio.runtime.autotune import CreditTuner, credit_candidates
+from horovod_prio.runtime import malloc
 from horovod_prio.runtime.cpu import LowerClassNice, set_process_nice
 from horovod_prio.runtime.monitor import Monitor
 from horovod_prio.runtime.trace import ChunkTracer, TraceWriter, trace_path_for_rank
@@ -131,6 +134,7 @@ class Runtime:
                 self.class_watch = watcher_from_config(config, self.lower_nice.on_class_state)
             except ValueError as e:
                 log.warning("horovod_prio: class_auto off: %s", e)
+        malloc.apply(config, False, log)       # data-parallel: only when asked (decided once)
         self._set_credit(config.credit_bytes)
         if config.trace_path:
             path = trace_path_for_rank(config.trace_path, rank)

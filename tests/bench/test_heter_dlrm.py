@@ -364,3 +364,32 @@ def test_the_optimizer_both_systems_train_with():
     # a config recorded before the flag trained with Adagrad
     assert type(hd.keras_optimizer({})) is tf.keras.optimizers.Adagrad
     assert hd.parse_args([]).optimizer == "adagrad"
+
+
+def test_malloc_tuning_flag_and_which_ranks_were_tuned(tmp_path, capsys):
+    """--malloc-tuning picks HOROVOD_PRIO_MALLOC_TUNING for both systems'
+    ranks; each rank's record says whether it was tuned and results.md names
+    the tuned ranks."""
+    assert hd.parse_args([]).malloc_tuning == "default"
+    assert hd.MALLOC_TUNING == {"default": None, "off": "0", "all": "1"}
+    with pytest.raises(SystemExit):
+        hd.parse_args(["--malloc-tuning", "maybe"])
+    assert "--malloc-tuning: invalid choice: 'maybe'" in capsys.readouterr().err
+
+    def rank(i, role, tuned):
+        return {"rank": i, "role": role, "host": "a1", "vm_hwm": 1, "rss_after_init": 1,
+                "step_ends": [0.0, 1.0, 2.0, 3.0], "cpu_s_per_step": 0.1, "malloc_tuned": tuned}
+    out = hd.summarize_run([rank(0, "sparse", True), rank(1, "ps", True)], [], 2, 2, 8)
+    assert [r["malloc_tuned"] for r in out["ranks"]] == [True, True]
+    res = _results()
+    res["meta"]["malloc_tuning"] = "default"
+    for r in res["runs"]:
+        if r["status"] == "ok":
+            r["ranks"] = ([{"role": "replica", "malloc_tuned": False}] if r["system"] == "plain"
+                          else [{"role": "ps", "malloc_tuned": True},
+                                {"role": "dense", "malloc_tuned": r["rate"] == "1gbit"}])
+    hd.write_outputs(res, tmp_path)
+    md = (tmp_path / "results.md").read_text()
+    assert "glibc malloc tuning (`--malloc-tuning`): default (tuned: heter ps; in some runs " \
+           "only: heter dense)." in md
+

@@ -1,6 +1,12 @@
 """What the heterogeneous trainer refuses at construction and per batch, in
 one process (a stand-in for Horovod's size/rank: no collective runs before
 these checks)."""
+import json
+import os
+import subprocess
+import sys
+import textwrap
+
 import numpy as np
 import pytest
 
@@ -14,8 +20,9 @@ from horovod_prio.heter.trainer import HeterTrainer  # noqa: E402
 pytestmark = pytest.mark.tf_stack      # roles' process sets come from horovod.common
 
 
-# the stand-in world must not set up the process's runtime (a real job's state)
-NO_RUNTIME = {"enabled": False}
+# the stand-in world must not set up the process's runtime (a real job's state), nor
+# glibc malloc (process-wide: test_heter_ranks_tune_glibc_malloc_before_they_allocate)
+NO_RUNTIME = {"enabled": False, "malloc_tuning": False}
 
 
 class FakeHvd:
@@ -152,3 +159,59 @@ def test_next_keys_ride_with_the_row_gradients_bit_for_bit():
     assert np.array_equal(got_rows, rows[:6]) and got_keys.tolist() == keys[:2].tolist()
     with pytest.raises(RuntimeError, match="9 floats from a sparse trainer that was sent 6"):
         _split_keys(msg[:9], [9], [6])
+
+
+TESTS = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+MALLOC_SCRIPT = textwrap.dedent("""
+    import json, logging, os, sys
+    logging.basicConfig(level=logging.INFO, stream=sys.stderr)
+    sys.path.insert(0, %r)
+    from malloc_probe import probe
+    import tensorflow as tf
+    from horovod_prio.heter import roles as roles_mod
+    from horovod_prio.heter.trainer import HeterTrainer
+
+    class FakeHvd:
+        def size(self):
+            return 3
+
+        def rank(self):
+            return int(sys.argv[1])
+
+    ids = tf.keras.Input((2,), dtype="int64", name="ids")
+    x = tf.keras.Input((3,), name="x")
+    e = tf.keras.layers.Flatten()(tf.keras.layers.Embedding(10, 4, name="emb")(ids))
+    out = tf.keras.layers.Dense(1, name="out")(tf.keras.layers.Concatenate()([e, x]))
+    t = HeterTrainer(tf.keras.Model([ids, x], out), tf.keras.losses.MeanSquaredError(),
+                     tf.keras.optimizers.SGD(0.1), roles_mod.parse("ps=1,sparse=1,dense=1", 3),
+                     hvd=FakeHvd(), priority=dict(json.loads(sys.argv[2]), enabled=False))
+    print(json.dumps(dict(probe(), role=t.role)))
+""" % TESTS)
+
+
+def built_trainer_probe(rank, priority):
+    """A fresh process builds a trainer of ``rank`` (stand-in Horovod), then
+    mallocs, touches and frees 100 MB (tests/malloc_probe.py)."""
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith("MALLOC_") and k not in ("GLIBC_TUNABLES",
+                                                        "HOROVOD_PRIO_MALLOC_TUNING")}
+    env.update(PYTHONPATH=os.path.dirname(TESTS), TF_CPP_MIN_LOG_LEVEL="2")
+    p = subprocess.run([sys.executable, "-c", MALLOC_SCRIPT, str(rank), json.dumps(priority)],
+                       capture_output=True, text=True, timeout=180, env=env, cwd="/")
+    assert p.returncode == 0, p.stderr[-4000:]
+    return json.loads(p.stdout.strip().splitlines()[-1]), p.stderr
+
+
+def test_heter_ranks_tune_glibc_malloc_before_they_allocate():
+    """Every role's trainer set-up makes glibc keep a freed 100 MB block in
+    the heap for reuse (defaults: its own mapping, unmapped at the free);
+    ``malloc_tuning=False`` leaves glibc's defaults."""
+    for rank, role in ((0, "ps"), (1, "sparse")):
+        got, err = built_trainer_probe(rank, {})
+        assert got["role"] == role
+        assert got["in_heap"] and got["kept"] > 90 << 20, got
+        assert err.count("glibc malloc keeps freed blocks for reuse (a heterogeneous "
+                         "trainer's rank)") == 1, err
+    got, err = built_trainer_probe(0, {"malloc_tuning": False})
+    assert not got["in_heap"] and got["kept"] < 10 << 20, got
+    assert "glibc malloc" not in err

@@ -15,7 +15,7 @@ DEFAULTS = dict(
     warmup_batches=2, calibration_batches=20, partition_bytes=None, credit_bytes=None, autotune=False, monitor=True, trace_path=None,
     arbiter=None, link=None, job_id=None, arbiter_secret=None, arbiter_secret_file=None,
     job_priority=0, arbiter_timeout=0.05, arbiter_client="native", arbiter_io_priority=None,
-    cpu_nice=None, class_auto=True, overlap=None,
+    cpu_nice=None, class_auto=True, malloc_tuning=None, overlap=None,
 )
 # what arbiter= needs beside it
 WITH_ARBITER = dict(link="l", arbiter_secret="s")
@@ -112,6 +112,8 @@ def test_trace_env_is_not_trace_path():
     ("arbiter_io_priority", "realtime=50", ("realtime", 50)),
     ("arbiter_io_priority", "nice=-5", ("nice", -5)),
     ("cpu_nice", "10", 10), ("cpu_nice", "-20", -20), ("cpu_nice", " 19 ", 19),
+    ("malloc_tuning", "0", False), ("malloc_tuning", "1", True), ("malloc_tuning", " Off ", False),
+    ("malloc_tuning", "yes", True),
 ])
 def test_env_values_parsed(field, raw, value):
     extra = env(**WITH_ARBITER) if field == "arbiter" else {}
@@ -176,6 +178,7 @@ BAD = [
     ("arbiter_io_priority", "fifo"), ("arbiter_io_priority", "realtime=0"),
     ("arbiter_io_priority", "nice=20"),
     ("cpu_nice", "20"), ("cpu_nice", "-21"), ("cpu_nice", "nice=5"), ("cpu_nice", "1.5"),
+    ("malloc_tuning", "maybe"), ("malloc_tuning", "2"), ("malloc_tuning", "256MiB"),
 ]
 
 
@@ -471,7 +474,8 @@ def test_derived_views_of_the_field_declarations():
     assert set(config.PROCESS_FIELDS) == {
         "credit_bytes", "autotune", "trace_path", "arbiter", "link", "job_id",
         "arbiter_secret", "arbiter_secret_file", "arbiter_timeout", "job_priority",
-        "arbiter_client", "arbiter_io_priority", "cpu_nice", "class_auto"}
+        "arbiter_client", "arbiter_io_priority", "cpu_nice", "class_auto",
+        "malloc_tuning"}
     for name in DEFAULTS:
         assert config.__doc__.count("\n    %s " % name) == 1, name
     assert "arbiter_secret" not in repr(PriorityConfig.from_env({}, arbiter_secret="s2")) \
