@@ -127,13 +127,15 @@ class LowerClassNice:
         self.niced = False
         self.stuck = False          # going back was refused
         self.changes = 0            # nice/un-nice applied
-        self.original = None        # (thread nice, autogroup nice) found before the first nice
+        # (thread nice, autogroup nice) to go back to, read now: before this job's watcher can
+        # nice anything. Ranks that share a session (Open MPI's launcher starts them in one)
+        # share its autogroup, so one rank's nice moves its siblings' autogroup; read later,
+        # a sibling's 19 would become this rank's value to go back to
+        self.original = (os.getpriority(os.PRIO_PROCESS, 0), autogroup_nice())
 
     def on_class_state(self, higher):
         with self.lock:
             if higher and not self.niced and not self.stuck:
-                if self.original is None:
-                    self.original = (os.getpriority(os.PRIO_PROCESS, 0), autogroup_nice())
                 if self.original[0] >= self.nice:
                     return              # already as low (e.g. started niced): nothing to do
                 _, _, error = self.apply(self.nice)
@@ -150,6 +152,8 @@ class LowerClassNice:
                               "turns this off)", self.nice)
             elif not higher and self.niced:
                 n, group = self.original
+                if group is not None and group >= self.nice > n:
+                    group = n           # a sibling rank had niced the shared autogroup already
                 _, _, error = self.apply(n, group)
                 self.niced = False
                 if error in ("refused", "group refused"):

@@ -126,3 +126,24 @@ def test_lower_class_nice_applies_once_and_restores_what_it_found(monkeypatch):
                              apply=lambda *a: calls.append(a))
     already.on_class_state(True)                    # at 3 already, lower than asked: untouched
     assert len(calls) == 4 and not already.niced
+
+
+def test_ranks_sharing_a_session_go_back_to_their_own_values_not_a_siblings(monkeypatch):
+    """Under Open MPI the ranks share one session, so one autogroup: the values to go back
+    to are read when the rank sets up, before a sibling's nice can move the autogroup, and an
+    autogroup found at the lower-class value while the threads are not goes back with them."""
+    calls = []
+    group = [5]
+    monkeypatch.setattr(os, "getpriority", lambda *a: 0)
+    monkeypatch.setattr("horovod_prio.runtime.cpu.autogroup_nice", lambda: group[0])
+    apply = lambda v, g=None: (calls.append((v, g)), (set(), True, None))[1]   # noqa: E731
+    n = LowerClassNice(logging.getLogger("t"), apply=apply)
+    group[0] = 19                                   # a sibling rank niced the shared autogroup
+    n.on_class_state(True)
+    n.on_class_state(False)
+    assert calls == [(19, None), (0, 5)]
+    calls.clear()
+    late = LowerClassNice(logging.getLogger("t"), apply=apply)   # set up after the sibling
+    late.on_class_state(True)
+    late.on_class_state(False)
+    assert calls == [(19, None), (0, 0)]
