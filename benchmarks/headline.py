@@ -754,6 +754,11 @@ def summarize(res: dict, scens: list[Scenario], sims: dict) -> None:
         res["aa"] = {"pairs": [], "text": "A/A resolution: no complete pair"}
 
 
+#: what a re-render of a folder's bounds (:func:`rebound`) computes anew
+REBOUND_WHAT = ("link floor in wire bytes at each link's MTU; overlap rows: the per-layer "
+                "bound where results/sim/ holds the model's profile at the row's batch")
+
+
 def rebound(folder) -> dict:
     """A headline folder's results with every row's bound and share recomputed
     from its recorded runs by this checkout's :func:`row_result` (the bound
@@ -773,7 +778,7 @@ def rebound(folder) -> dict:
         rows.append(row_result(row, runner[row.scenario], res["runs"], old.get("sim")))
     res["rows"] = rows
     res["meta"]["rebound"] = {"git": git_rev(),
-                              "what": "link floor in wire bytes at each link's MTU"}
+                              "what": REBOUND_WHAT}
     return res
 
 

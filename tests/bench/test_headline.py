@@ -323,7 +323,8 @@ def test_rebound_recomputes_a_folders_bounds_from_its_runs_and_keeps_the_rest(
         assert {k: r[k] for k in ("base_s", "ours_s", "ratios", "ratio")} == \
             {k: old[r["title"]][k] for k in ("base_s", "ours_s", "ratios", "ratio")}
     assert again["runs"] == res["runs"] and again["aa"] == res["aa"]
-    assert again["meta"]["rebound"]["what"] == "link floor in wire bytes at each link's MTU"
+    assert again["meta"]["rebound"]["what"] == h.REBOUND_WHAT
+    assert h.REBOUND_WHAT.startswith("link floor in wire bytes at each link's MTU")
     md = (folder / "results.md").read_text()
     assert md == h.markdown(again) and "Bounds and shares re-rendered at git" in md
     assert "1514 per 1448 at MTU 1500" in md and "(link floor, wire bytes at MTU 1500)" in md
