@@ -702,7 +702,10 @@ def markdown(res: dict) -> str:
               "the testbed's uplink)."]
     if m.get("rebound"):
         lines += ["", f"Bounds and shares re-rendered at git {m['rebound']['git']} from the "
-                      f"recorded runs ({m['rebound']['what']})."]
+                      f"recorded runs ({m['rebound']['what']})"
+                  + ("; kept as recorded, not rows of that checkout: "
+                     + "; ".join(m["rebound"]["kept"]) if m["rebound"].get("kept") else "")
+                  + "."]
     if res.get("sim"):
         lines += ["", "Simulator: " + "; ".join(sim_text_of(k, e) for k, e in res["sim"].items())
                   + "."]
@@ -764,21 +767,24 @@ def rebound(folder) -> dict:
     from its recorded runs by this checkout's :func:`row_result` (the bound
     arithmetic of ``benchmarks.bounds``), each row's simulator check kept as
     recorded; the re-render is noted in ``meta["rebound"]``. Rows are matched by
-    title: a recorded row this checkout no longer has is an error."""
+    title: a recorded row this checkout no longer has stays as recorded, and
+    ``meta["rebound"]["kept"]`` names it."""
     res = results_io.load(results_io.results_path(Path(folder)))
     if res.get("format") != FORMAT:
         raise ValueError(f"not a benchmarks.headline result (format {res.get('format')!r})")
     runner = {k: v["runner"] for k, v in res["meta"]["scenarios"].items()}
     by_title = {r.title: r for r in ROWS}
-    rows = []
+    rows, kept = [], []
     for old in res["rows"]:
         row = by_title.get(old["title"])
         if row is None:
-            raise ValueError(f"recorded row {old['title']!r} is not a row of this checkout")
+            rows.append(old)
+            kept.append(old["title"])
+            continue
         rows.append(row_result(row, runner[row.scenario], res["runs"], old.get("sim")))
     res["rows"] = rows
     res["meta"]["rebound"] = {"git": git_rev(),
-                              "what": REBOUND_WHAT}
+                              "what": REBOUND_WHAT, "kept": kept}
     return res
 
 

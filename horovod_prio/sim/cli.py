@@ -95,10 +95,11 @@ def build_parser() -> argparse.ArgumentParser:
     a("--jitter", type=_float_range(0, 1), default=0.02,
       help="per-step compute time noise, x U(1-j, 1+j) (default 0.02)")
     a("--seed", type=int, default=0)
-    a("--grad-order", choices=GRAD_ORDERS, default="backprop",
+    a("--grad-order", choices=GRAD_ORDERS, default=None,
       help="the order the backward pass produces the gradients in: backprop (layer by layer "
            "from the output side) or inline (TensorFlow with one inter-op thread: the input "
-           "side's first; docs/sim.md) (default backprop)")
+           "side's first; docs/sim.md) (default backprop; inline with --validate, whose harness "
+           "runs TensorFlow on one thread)")
     a("--mode", choices=list(MODES) + ["all"], default="all")
     a("--tflops", type=_float_range(0, lo_open=True), default=DEFAULT_TFLOPS,
       help=f"effective compute throughput for built-in models (default {DEFAULT_TFLOPS:g})")
@@ -188,7 +189,8 @@ def _run(args, argv) -> int:
     command = "horovod-prio sim " + " ".join(shlex.quote(a) for a in argv)
     if args.validate:
         from .validate import validate, validation_table
-        v = validate(args.profile, ranks_per_core=args.ranks_per_core, priority=pcfg)
+        v = validate(args.profile, ranks_per_core=args.ranks_per_core, priority=pcfg,
+                     grad_order=args.grad_order or "inline")
         table = validation_table(v)
         if args.out:
             os.makedirs(args.out, exist_ok=True)
@@ -224,10 +226,11 @@ def _run(args, argv) -> int:
         link.validate()
     except ValueError as e:
         raise ValueError(f"argument --{str(e).split()[0].replace('_', '-')}: {e}") from None
+    grad_order = args.grad_order or "backprop"
     jobs = [JobSpec(profiles[names[k % len(names)]], args.workers,
                     args.steps[k % len(args.steps)], start=k * args.stagger,
                     name=f"job{k}", jitter=args.jitter, seed=args.seed,
-                    grad_order=args.grad_order)
+                    grad_order=grad_order)
             for k in range(args.jobs)]
     modes = list(MODES) if args.mode == "all" else [args.mode]
     t0 = time.perf_counter()
@@ -257,7 +260,7 @@ def _run(args, argv) -> int:
                 "models": {n: {"params": p.params, "compute_s": p.compute_s, "source": p.source}
                            for n, p in profiles.items()},
                 "jitter": args.jitter, "seed": args.seed, "stagger": args.stagger,
-                "grad_order": args.grad_order}
+                "grad_order": grad_order}
         paths = write_outputs(args.out, rows, results, meta, plot=not args.no_plot, title=title)
         print("wrote " + ", ".join(paths), file=sys.stderr)
     print(f"# {title}  (simulated in {elapsed:.2f} s)")

@@ -7,7 +7,7 @@ whose loopback is shaped to 1 Gbit/s by ``tc tbf``. Every byte every rank of
 every job sends crosses that one qdisc: the simulator's ``topology="bus"``
 (ring allreduce on 2 ranks puts 2(N-1)*S = 2 x 25.3 MB on the link per step).
 
-Reference, measured with plain Horovod (issue 4): 0.45 s/step alone,
+Reference, measured with plain Horovod on the first harness: 0.45 s/step alone,
 0.80-0.84 s/step with a second identical job on the link; comm-only floor
 0.40 s / 0.80 s. Measurements the harness writes later to
 ``results/bench/*/results.json(.gz)`` are added to the table when present.
@@ -25,7 +25,7 @@ from ..method.config import PriorityConfig
 from .engine import JobSpec, LinkConfig, comm_floor, simulate, window_steps
 from .profiles import Profile, load_profile, mlp
 
-#: (label, jobs, measured low, measured high) from issue 4
+#: (label, jobs, measured low, measured high) on the first harness
 REFERENCE = (("1 job, Horovod", 1, 0.45, 0.45), ("2 jobs, Horovod", 2, 0.80, 0.84))
 MEASURED_FLOOR = {1: 0.40, 2: 0.80}
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -88,8 +88,9 @@ def measured_from_harness(pattern: Optional[str] = None) -> Dict[Tuple[str, int]
 
 
 def _sim_mean(profile: Profile, jobs: int, mode: str, link: LinkConfig, steps: int,
-              pcfg: PriorityConfig) -> float:
-    specs = [JobSpec(profile, 2, steps, start=0.0, jitter=0.05, seed=1) for _ in range(jobs)]
+              pcfg: PriorityConfig, grad_order: str = "backprop") -> float:
+    specs = [JobSpec(profile, 2, steps, start=0.0, jitter=0.05, seed=1, grad_order=grad_order)
+             for _ in range(jobs)]
     r = simulate(specs, mode, link, pcfg)
     xs = [x for j in range(jobs) for x in window_steps(r, j, skip=2)]
     return statistics.fmean(xs)
@@ -97,15 +98,18 @@ def _sim_mean(profile: Profile, jobs: int, mode: str, link: LinkConfig, steps: i
 
 def validate(profile_path: Optional[str] = None, steps: int = 60,
              ranks_per_core: float = 2.0,
-             priority: Optional[PriorityConfig] = None) -> Dict:
-    """Simulated vs measured step times for the harness configs."""
+             priority: Optional[PriorityConfig] = None, grad_order: str = "inline") -> Dict:
+    """Simulated vs measured step times for the harness configs, the
+    gradients produced in ``grad_order`` (:func:`.engine.gradient_ready`;
+    ``"inline"``, the default: the harness's jobs run TensorFlow on one
+    thread)."""
     prof = harness_profile(profile_path, ranks_per_core)
     link = harness_link()
     pcfg = priority or PriorityConfig.from_env({})
     harness = measured_from_harness()
     rows = []
     for label, k, lo, hi in REFERENCE:
-        sim = _sim_mean(prof, k, "fifo", link, steps, pcfg)
+        sim = _sim_mean(prof, k, "fifo", link, steps, pcfg, grad_order)
         mid = (lo + hi) / 2
         row = {"config": label, "jobs": k, "mode": "fifo", "sim_s": sim,
                "measured_s": [lo, hi], "error": sim / mid - 1,
@@ -119,17 +123,21 @@ def validate(profile_path: Optional[str] = None, steps: int = 60,
     predictions = []
     for k in (1, 2):
         for mode in ("priority", "arbiter", "adaptive"):
-            p = {"jobs": k, "mode": mode, "sim_s": _sim_mean(prof, k, mode, link, steps, pcfg)}
+            p = {"jobs": k, "mode": mode,
+                 "sim_s": _sim_mean(prof, k, mode, link, steps, pcfg, grad_order)}
             h = harness.get(("prio", k))
             if h and mode == "priority":
                 p["harness_latest_s"] = statistics.median(h)
             predictions.append(p)
-    sweep = predict_harness_sweep(steps=steps, ranks_per_core=ranks_per_core, priority=pcfg)
+    sweep = predict_harness_sweep(steps=steps, ranks_per_core=ranks_per_core, priority=pcfg,
+                                  grad_order=grad_order)
     balanced = predict_harness_sweep(("2gbit", "4gbit", "8gbit"), (128, 256, 512), steps=steps,
-                                     ranks_per_core=ranks_per_core, priority=pcfg)
+                                     ranks_per_core=ranks_per_core, priority=pcfg,
+                                     grad_order=grad_order)
     return {"profile": prof.as_dict(), "compute_s": prof.compute_s, "harness_sweep": sweep,
             "harness_balanced": balanced,
-            "ranks_per_core": ranks_per_core, "link": vars(link), "rows": rows,
+            "ranks_per_core": ranks_per_core, "grad_order": grad_order, "link": vars(link),
+            "rows": rows,
             "predictions": predictions,
             "harness_files": sorted(glob.glob(os.path.join(REPO, "results", "bench", "*",
                                                            "results.json*")))}
@@ -137,7 +145,8 @@ def validate(profile_path: Optional[str] = None, steps: int = 60,
 
 def predict_harness_sweep(rates=("500mbit", "1gbit", "2gbit"), batches=(8, 32, 128),
                           steps: int = 60, ranks_per_core: float = 2.0,
-                          priority: Optional[PriorityConfig] = None) -> List[Dict]:
+                          priority: Optional[PriorityConfig] = None,
+                          grad_order: str = "backprop") -> List[Dict]:
     """Predictions for the harness's scenario c (two jobs on the shaped link,
     rate x per-rank batch): mean s/step per mode and the ratio to Horovod."""
     pcfg = priority or PriorityConfig.from_env({})
@@ -150,7 +159,7 @@ def predict_harness_sweep(rates=("500mbit", "1gbit", "2gbit"), batches=(8, 32, 1
             row = {"rate": rate, "batch": b, "compute_s": prof.compute_s,
                    "comm_s": comm_floor(prof, 2, link)}
             for mode in ("fifo", "priority", "arbiter", "adaptive"):
-                row[mode] = _sim_mean(prof, 2, mode, link, steps, pcfg)
+                row[mode] = _sim_mean(prof, 2, mode, link, steps, pcfg, grad_order)
             out.append(row)
     return out
 
@@ -169,7 +178,7 @@ def sweep_table(rows: List[Dict]) -> str:
 
 def validation_table(v: Dict) -> str:
     files = any("harness_latest_s" in r for r in v["rows"])
-    lines = ["| config | simulated s/step | measured s/step (issue 4) | error | sim comm floor | "
+    lines = ["| config | simulated s/step | measured s/step (first harness) | error | sim comm floor | "
              "measured floor |" + (" harness results file | error vs file |" if files else ""),
              "|---|---|---|---|---|---|" + ("---|---|" if files else "")]
     for r in v["rows"]:

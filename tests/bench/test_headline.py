@@ -331,10 +331,18 @@ def test_rebound_recomputes_a_folders_bounds_from_its_runs_and_keeps_the_rest(
     capsys.readouterr()
     assert h.main(["--rebound", str(tmp_path / "nope")]) == 2
     assert "argument --rebound: cannot re-render" in capsys.readouterr().err
-    again["rows"][0]["title"] = "a row this checkout does not have"
+    assert again["meta"]["rebound"]["kept"] == []
+    # a row this checkout no longer has (a dropped batch): kept as recorded, and named
+    gone = dict(again["rows"][0], title="a row this checkout does not have",
+                bound={"s": 0.123, "source": "as recorded", "cells": ["x", "y"]})
+    again["rows"].append(gone)
     h.write(again, folder)
-    with pytest.raises(ValueError, match="not a row of this checkout"):
-        h.rebound(folder)
+    assert h.main(["--rebound", str(folder)]) == 0
+    third = results_io.load(folder)
+    assert third["rows"][-1] == gone and len(third["rows"]) == len(again["rows"])
+    assert third["meta"]["rebound"]["kept"] == ["a row this checkout does not have"]
+    assert ("kept as recorded, not rows of that checkout: a row this checkout does not have."
+            in (folder / "results.md").read_text())
 
 
 def test_rows_of_batches_not_run_are_left_out_and_rows_without_a_pair_say_so():

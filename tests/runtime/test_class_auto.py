@@ -14,9 +14,12 @@ import textwrap
 from horovod_prio.runtime.cpu import LowerClassNice
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+# the script imports tests/proc_nice.py
+PYTHONPATH = os.pathsep.join([REPO, os.path.join(REPO, "tests")])
 
 SCRIPT = textwrap.dedent("""
     import json, logging, os, sys, threading, time
+    from proc_nice import autogroup_nice, thread_nices
     logging.basicConfig(level=logging.INFO, stream=sys.stderr)
     from horovod_prio.arbiter.server import ArbiterServer
     from horovod_prio.arbiter.client import ArbiterClient
@@ -34,15 +37,7 @@ SCRIPT = textwrap.dedent("""
         ctypes.CDLL(None).prctl(4, 1, 0, 0, 0)       # files its own (PR_SET_DUMPABLE)
 
     def nices():
-        out = set()
-        for t in os.listdir("/proc/self/task"):
-            try:
-                with open("/proc/self/task/%s/stat" % t) as f:
-                    out.add(int(f.read().rsplit(")", 1)[1].split()[16]))   # field 19: nice
-            except OSError:
-                pass                                 # the thread ended meanwhile
-        with open("/proc/self/autogroup") as f:
-            return sorted(out), int(f.read().split()[-1])
+        return sorted(set(thread_nices().values())), autogroup_nice()
 
     def settle(want, timeout=10):
         end = time.monotonic() + timeout
@@ -72,7 +67,7 @@ SCRIPT = textwrap.dedent("""
 
 
 def run(kw, as_nobody=False, start_nice=0):
-    env = dict(os.environ, PYTHONPATH=REPO)
+    env = dict(os.environ, PYTHONPATH=PYTHONPATH)
     for k in ("HOROVOD_PRIO_CPU_NICE", "HOROVOD_PRIO_CLASS_AUTO"):
         env.pop(k, None)
     p = subprocess.run([sys.executable, "-c", SCRIPT, json.dumps(kw),

@@ -12,9 +12,12 @@ import textwrap
 from horovod_prio.runtime import cpu
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+# the scripts import tests/proc_nice.py
+PYTHONPATH = os.pathsep.join([REPO, os.path.join(REPO, "tests")])
 
 SCRIPT = textwrap.dedent("""
     import json, logging, os, sys, threading
+    from proc_nice import autogroup_nice, thread_nices
     logging.basicConfig(level=logging.INFO, stream=sys.stderr)
     from horovod_prio.method.config import PriorityConfig
     from horovod_prio.runtime.runtime import Runtime
@@ -23,13 +26,6 @@ SCRIPT = textwrap.dedent("""
         os.setgid(65534)
         os.setuid(65534)
 
-    def nices():
-        out = {}
-        for t in os.listdir("/proc/self/task"):
-            with open("/proc/self/task/%s/stat" % t) as f:
-                out[t] = int(f.read().rsplit(")", 1)[1].split()[16])   # field 19: nice
-        return out
-
     stop = threading.Event()
     before = threading.Thread(target=stop.wait, daemon=True)   # e.g. TF's pools
     before.start()
@@ -37,17 +33,15 @@ SCRIPT = textwrap.dedent("""
     rt.setup(PriorityConfig.from_env({}, cpu_nice=int(sys.argv[1])), 0, 1)
     after = threading.Thread(target=stop.wait, daemon=True)
     after.start()
-    with open("/proc/self/autogroup") as f:
-        group = f.read()
-    print(json.dumps({"all": nices(), "before": before.native_id, "after": after.native_id,
-                      "main": threading.get_native_id(), "autogroup": group}))
+    print(json.dumps({"all": thread_nices(), "before": before.native_id, "after": after.native_id,
+                      "main": threading.get_native_id(), "autogroup": autogroup_nice()}))
     stop.set()
     rt.shutdown()
 """)
 
 
 def run(nice, start_nice=0, as_nobody=False):
-    env = dict(os.environ, PYTHONPATH=REPO)
+    env = dict(os.environ, PYTHONPATH=PYTHONPATH)
     env.pop("HOROVOD_PRIO_CPU_NICE", None)
     p = subprocess.run([sys.executable, "-c", SCRIPT, str(nice), "nobody" if as_nobody else "-"],
                        capture_output=True, text=True, timeout=120, env=env,
@@ -63,7 +57,7 @@ def test_every_thread_takes_the_nice_value_those_started_before_the_setup_too():
     assert str(got["before"]) in got["all"] and str(got["after"]) in got["all"]
     # autogroups on (this kernel's default): the session's group weight follows
     assert cpu.autogroup_enabled(), "the test machine's kernel runs without autogroups"
-    assert got["autogroup"].split()[-2:] == ["nice", "7"], got["autogroup"]
+    assert got["autogroup"] == 7, got["autogroup"]
     assert "threads and its session's autogroup at nice 7 (HOROVOD_PRIO_CPU_NICE)" in err
 
 
@@ -76,7 +70,7 @@ def test_unset_leaves_the_process_alone():
     got, _ = run(19, start_nice=2)
     assert set(got["all"].values()) == {19}
     # and without the field: the start value stays
-    env = dict(os.environ, PYTHONPATH=REPO)
+    env = dict(os.environ, PYTHONPATH=PYTHONPATH)
     env.pop("HOROVOD_PRIO_CPU_NICE", None)
     code = SCRIPT.replace("cpu_nice=int(sys.argv[1])", "")
     p = subprocess.run([sys.executable, "-c", code, "0", "-"], capture_output=True, text=True,
@@ -85,7 +79,7 @@ def test_unset_leaves_the_process_alone():
     assert p.returncode == 0, p.stderr
     got = json.loads(p.stdout)
     assert set(got["all"].values()) == {started(2)}
-    assert got["autogroup"].split()[-2:] == ["nice", "0"]
+    assert got["autogroup"] == 0
 
 
 def test_a_refused_value_is_one_warning_naming_the_setting_and_the_job_runs_on():

@@ -843,6 +843,15 @@ def test_cli_dispatch_and_validate(tmp_path, capsys):
     v = json.loads((tmp_path / "validation.json").read_text())
     assert v["rows"] and all(r["within_15pct"] for r in v["rows"])
     assert "| 2 jobs, Horovod |" in capsys.readouterr().out
+    # the harness runs TensorFlow on one thread: its gradients come input side first
+    assert v["grad_order"] == "inline"
+    from horovod_prio.sim.validate import validate
+    back = validate(grad_order="backprop")
+    assert back["grad_order"] == "backprop"
+    for b, i in zip(back["rows"], v["rows"]):
+        assert b["sim_s"] != i["sim_s"], (b, i)
+    for b, i in zip(back["harness_sweep"], v["harness_sweep"]):
+        assert b["fifo"] != i["fifo"], (b, i)
 
 
 def test_cli_plot_when_matplotlib_present(tmp_path):

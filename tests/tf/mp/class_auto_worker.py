@@ -10,6 +10,7 @@ import argparse
 import json
 import logging
 import os
+import sys
 import time
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
@@ -18,6 +19,9 @@ import tensorflow as tf
 
 import horovod_prio.tensorflow.keras as hvd
 from horovod_prio import PriorityConfig
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+from proc_nice import autogroup_nice, thread_nices  # noqa: E402  (tests/proc_nice.py)
 
 p = argparse.ArgumentParser()
 p.add_argument("out_dir")
@@ -39,15 +43,7 @@ model.compile(optimizer=opt, loss=tf.keras.losses.SparseCategoricalCrossentropy(
 
 
 def nices():
-    out = set()
-    for t in os.listdir("/proc/self/task"):
-        try:
-            with open("/proc/self/task/%s/stat" % t) as f:
-                out.add(int(f.read().rsplit(")", 1)[1].split()[16]))   # field 19: nice
-        except OSError:
-            pass                                # the thread ended
-    with open("/proc/self/autogroup") as f:
-        return {"threads": sorted(out), "autogroup": int(f.read().split()[-1])}
+    return {"threads": sorted(set(thread_nices().values())), "autogroup": autogroup_nice()}
 
 
 class Pause(tf.keras.callbacks.Callback):
