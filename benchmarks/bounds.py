@@ -17,6 +17,21 @@ Pure arithmetic on measured parts (seconds, bytes, bits per second):
   reach: compute and communication overlap completely, so the step is at
   least ``max(forward + backward, comm)``; the ceiling's gain is the measured
   plain step over that (:func:`overlap_ceiling`).
+* **per-layer bound** -- the overlap ceiling assumes the next forward can hide
+  *all* the communication. It cannot: a layer's weights are needed by the next
+  forward before the layers after it, and its gradient is ready after theirs.
+  For every layer i (input side first), its own gradient and every input-side
+  gradient (all ready after it in backprop, all needed before it in the next
+  forward) must cross the link between layer i's gradient becoming ready and
+  the next forward reaching layer i, while the forward from i to the output
+  and the backward back to i run: the step is at least
+  ``sum(link_j, j <= i) + sum(forward_j + backward_j, j >= i)`` for every i
+  with a gradient (:func:`per_layer_bound`). A layer's weights are read whole,
+  so no barrier crossing that keeps a tensor's gradient in one piece beats it.
+  For a job whose ranks share one core, :func:`layer_bound` takes the job's
+  compute per step and the link floor and splits them over the layers by a
+  measured per-layer profile (its forward/backward times, its parameter
+  counts).
 * **class-1 bound** -- a class-1 job beside class-0 jobs can at best run as
   fast as alone: its alone time is its bound (:func:`class1`).
 * **share of the bound captured** -- ``(t_base - t_ours) / (t_base - t_bound)``:
@@ -111,6 +126,61 @@ def overlap_ceiling(forward_s: float, backward_s: float, comm_s: float,
         raise ValueError("forward + backward and communication time are all 0: no bound")
     base = _pos("base step", base_s)
     return Ceiling(bound, base, base / bound)
+
+
+def _seq(name: str, values) -> list:
+    try:
+        vals = list(values)
+    except TypeError:
+        raise ValueError(f"{name} must be a sequence of seconds, got {values!r}") from None
+    return [_pos(f"{name}[{i}]", v, zero_ok=True) for i, v in enumerate(vals)]
+
+
+def per_layer_bound(forward_s, backward_s, link_s) -> float:
+    """The shortest step a per-layer barrier crossing allows: per layer, input
+    side first, its forward and backward time and the link time of its
+    gradient. ``max`` over layers i with ``link_s[i] > 0`` of
+    ``sum(link_s[:i + 1]) + sum(forward_s[i:]) + sum(backward_s[i:])``
+    (0 when no layer has a gradient)."""
+    fwd, bwd, link = _seq("forward_s", forward_s), _seq("backward_s", backward_s), \
+        _seq("link_s", link_s)
+    if not (len(fwd) == len(bwd) == len(link)):
+        raise ValueError(f"forward_s, backward_s and link_s must have one entry per layer, "
+                         f"got {len(fwd)}, {len(bwd)} and {len(link)}")
+    best, comm, tail = 0.0, 0.0, sum(fwd) + sum(bwd)
+    for f, b, c in zip(fwd, bwd, link):
+        comm += c
+        if c > 0:
+            best = max(best, comm + tail)
+        tail -= f + b
+    return best
+
+
+def layer_bound(layers, compute_s: float, link_floor_s: float) -> float:
+    """:func:`per_layer_bound` of a job from its measured totals: ``layers`` is
+    a measured per-layer profile, input side first, as (parameters, forward
+    s, backward s) per layer; its times are scaled so they add up to
+    ``compute_s`` (the job's compute per step) and ``link_floor_s`` is split
+    over the layers in proportion to their parameters."""
+    rows = list(layers)
+    if not rows:
+        raise ValueError("layers: the profile has no layers")
+    for i, r in enumerate(rows):
+        if not isinstance(r, (tuple, list)) or len(r) != 3:
+            raise ValueError(f"layers[{i}]: expected (parameters, forward s, backward s), "
+                             f"got {r!r}")
+    params = _seq("layers parameters", [r[0] for r in rows])
+    fwd = _seq("layers forward s", [r[1] for r in rows])
+    bwd = _seq("layers backward s", [r[2] for r in rows])
+    compute, floor = _pos("compute time", compute_s, True), _pos("link floor", link_floor_s, True)
+    total_p, total_t = sum(params), sum(fwd) + sum(bwd)
+    if total_p <= 0:
+        raise ValueError("layers: no layer has parameters: no per-layer bound")
+    if total_t <= 0:
+        raise ValueError("layers: the profile's forward and backward times are all 0")
+    k = compute / total_t
+    return per_layer_bound([f * k for f in fwd], [b * k for b in bwd],
+                           [p / total_p * floor for p in params])
 
 
 # ---------------------------------------------------------------- share captured

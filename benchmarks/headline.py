@@ -358,8 +358,11 @@ def bound_of(row: Row, runner: str, base_runs: list[dict], ours_runs: list[dict]
     overlap -- the overlap ceiling ``max(compute, comm)`` with compute = plain
                Horovod's job CPU s/step (both ranks of the job share one core,
                so their compute adds up; it includes the communication
-               threads' CPU, so the ceiling is if anything too high) and comm =
-               the link floor (``bounds.overlap_bound``);
+               threads' CPU) and comm = the link floor (``bounds.overlap_bound``);
+               where the model and batch have a measured per-layer profile
+               (:func:`layer_profile`), the larger of that and the per-layer
+               bound (``bounds.layer_bound``: the same job CPU and link floor,
+               split over the layers by the profile);
     alone   -- the job's own median before the other job joined, in our
                variant's runs (the class-1 bound, ``bounds.class1``)."""
     if row.bound is None:
@@ -379,8 +382,33 @@ def bound_of(row: Row, runner: str, base_runs: list[dict], ours_runs: list[dict]
     cpu = _med([_med(r.get("job_cpu_s") or []) for r in base_runs])
     if cpu is None:
         return {"s": None, "reason": "no job CPU s/step recorded: no overlap ceiling"}
-    return {"s": bounds.overlap_bound(cpu, 0.0, floor),
-            "source": f"overlap ceiling max(job CPU s/step, link floor), {unit}"}
+    ceiling = bounds.overlap_bound(cpu, 0.0, floor)
+    out = {"s": ceiling, "source": f"overlap ceiling max(job CPU s/step, link floor), {unit}"}
+    prof = layer_profile(row)
+    if prof is not None:
+        from horovod_prio.sim.profiles import load_profile
+        layers = [(x.params, x.forward_s, x.backward_s) for x in load_profile(str(prof)).layers]
+        per_layer = bounds.layer_bound(layers, cpu, floor)
+        out.update(overlap_ceiling_s=ceiling, per_layer_s=per_layer)
+        if per_layer > ceiling:
+            out.update(s=per_layer, source=(
+                f"per-layer bound: job CPU s/step and link floor ({unit}) split over the "
+                f"layers by the measured profile {prof.relative_to(REPO)}; the overlap "
+                f"ceiling max(job CPU, link floor) is {ceiling:.3f}"))
+    return out
+
+
+def layer_profile(row: Row) -> Path | None:
+    """The measured per-layer profile of an overlap row's model and batch
+    (``results/sim/profile_<model>_b<batch>.json``, ``benchmarks.profile_model``),
+    None when there is none: the row's bound is then the overlap ceiling alone."""
+    scen = next((x for x in SCENARIOS if x.key == row.scenario), None)
+    args = list(scen.argv) if scen is not None else []
+    if "--model" not in args or row.batch is None:
+        return None
+    model = args[args.index("--model") + 1]
+    path = REPO / "results" / "sim" / f"profile_{model}_b{row.batch}.json"
+    return path if path.is_file() else None
 
 
 def row_result(row: Row, runner: str, runs: list[dict], sim: dict | None = None) -> dict:
@@ -729,6 +757,11 @@ def summarize(res: dict, scens: list[Scenario], sims: dict) -> None:
         res["aa"] = {"pairs": [], "text": "A/A resolution: no complete pair"}
 
 
+#: what a re-render of a folder's bounds (:func:`rebound`) computes anew
+REBOUND_WHAT = ("link floor in wire bytes at each link's MTU; overlap rows: the per-layer "
+                "bound where results/sim/ holds the model's profile at the row's batch")
+
+
 def rebound(folder) -> dict:
     """A headline folder's results with every row's bound and share recomputed
     from its recorded runs by this checkout's :func:`row_result` (the bound
@@ -751,8 +784,7 @@ def rebound(folder) -> dict:
         rows.append(row_result(row, runner[row.scenario], res["runs"], old.get("sim")))
     res["rows"] = rows
     res["meta"]["rebound"] = {"git": git_rev(),
-                              "what": "link floor in wire bytes at each link's MTU",
-                              "kept": kept}
+                              "what": REBOUND_WHAT, "kept": kept}
     return res
 
 

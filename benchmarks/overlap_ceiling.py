@@ -35,6 +35,7 @@ from horovod_prio.sim.profiles import BUILTIN, Profile, get_profile
 from horovod_prio.sim.wire import check_mtu
 
 from .bounds import floor_label, overlap_bound
+from .bounds import per_layer_bound as per_layer_bound_of
 from .harness import git_rev
 from .netns import MTU as LO_MTU
 from .testbed import MTU as TESTBED_MTU
@@ -101,15 +102,8 @@ def per_layer_bound(profile: Profile, workers: int, link: LinkConfig) -> float:
     floor = comm_floor(profile, workers, link)
     per_byte = floor / profile.grad_bytes if profile.grad_bytes else 0.0
     layers = profile.layers
-    best = 0.0
-    comm_before = 0.0
-    for i, layer in enumerate(layers):
-        comm_before += layer.params * profile.dtype_bytes * per_byte
-        if layer.params == 0:
-            continue
-        compute = sum(l.forward_s + l.backward_s for l in layers[i:])
-        best = max(best, comm_before + compute)
-    return best
+    return per_layer_bound_of([l.forward_s for l in layers], [l.backward_s for l in layers],
+                              [l.params * profile.dtype_bytes * per_byte for l in layers])
 
 
 def ceiling(profile: Profile, workers: int, link: LinkConfig, steps: int,

@@ -67,17 +67,31 @@ def _best_time(fn, args, warmup: int, repeats: int) -> float:
     return min(times)
 
 
+def _positional_inputs(layer) -> int:
+    """How many positional tensors the model passed ``layer`` (2 for
+    ``MultiHeadAttention()(query, value)``; 1 for a layer given one tensor or
+    one list, e.g. ``Add()([a, b])``)."""
+    nodes = getattr(layer, "_inbound_nodes", None) or []
+    args = getattr(nodes[0], "call_args", None) if len(nodes) == 1 else None
+    return len(args) if isinstance(args, (tuple, list)) and args else 1
+
+
 def _layer_fns(tf, layer, x):
     """tf.functions: forward of ``layer``, and gradients of ``sum(out * r)``
-    w.r.t. its input(s) and trainable weights."""
-    fwd = tf.function(lambda inp: layer(inp, training=True))
+    w.r.t. its input(s) and trainable weights. A layer the model called with
+    several positional tensors gets them the same way."""
+    spread = _positional_inputs(layer) > 1 and isinstance(x, (list, tuple))
+
+    def call(inp):
+        return layer(*inp, training=True) if spread else layer(inp, training=True)
+    fwd = tf.function(call)
     r = tf.random.normal(tf.shape(fwd(x)))
     weights = list(layer.trainable_variables)
 
     def grad(inp):
         with tf.GradientTape() as tape:
             tape.watch(inp)
-            loss = tf.reduce_sum(layer(inp, training=True) * r)
+            loss = tf.reduce_sum(call(inp) * r)
         return tape.gradient(loss, tf.nest.flatten(inp) + weights)
     return fwd, tf.function(grad)
 
@@ -89,7 +103,10 @@ def _layer_inputs(tf, model, layers, x):
     try:
         if any(len(getattr(layer, "_inbound_nodes", ())) != 1 for layer in layers):
             return None
-        symbolic = [layer.input for layer in layers]
+        # a layer called with several positional tensors (attention's query and value,
+        # the same tensor twice for self-attention): each of them, in order
+        symbolic = [list(layer._inbound_nodes[0].call_args) if _positional_inputs(layer) > 1
+                    else layer.input for layer in layers]
         extractor = tf.keras.Model(model.inputs, tf.nest.flatten(symbolic))
     except (AttributeError, ValueError, TypeError):
         return None

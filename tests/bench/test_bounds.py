@@ -147,3 +147,49 @@ def test_report_cells_show_ratio_and_share_side_by_side():
     assert report.bound_cells(1.0, 0.97, 0.95) == ("1.03×", "no headroom (5%)")
     assert report.aa_line([(1.0, 1.02), (1.0, 0.99)]).startswith(
         "A/A resolution over 2 pair(s): median 1.5%, max 2.0%")
+
+
+def test_per_layer_bound_by_hand():
+    # input side first; per layer: forward, backward, link time of its gradient
+    fwd, bwd = [0.1, 0.1, 0.1], [0.2, 0.2, 0.2]
+    # layer 0: its own 0.01 s of link + the whole step's compute (0.9 s)
+    # layer 2 (output side, 0.9 s of link): all 0.92 s of link + its own 0.3 s of compute
+    assert bounds.per_layer_bound(fwd, bwd, [0.01, 0.01, 0.9]) == pytest.approx(1.22)
+    # the input-side layer decides when its gradient is large
+    assert bounds.per_layer_bound(fwd, bwd, [0.5, 0.01, 0.01]) == pytest.approx(1.4)
+    # a layer without a gradient waits for nothing: not a candidate (0.3 + 0.1 for layer 1,
+    # not 0 + 0.6 for layer 0)
+    assert bounds.per_layer_bound([0.1, 0.1], [0.2, 0.2], [0.0, 0.1]) == pytest.approx(0.4)
+    # in the middle: 0.51 s of link up to it, forward + backward of layers 1 and 2
+    # (layer 0: 0.01 + 0.9)
+    assert bounds.per_layer_bound(fwd, bwd, [0.01, 0.5, 0.0]) == pytest.approx(1.11)
+    assert bounds.per_layer_bound([0.1], [0.2], [0.0]) == 0.0
+
+
+def test_layer_bound_splits_the_measured_totals_by_the_profile():
+    # (parameters, forward s, backward s): times add up to 10, scaled to 0.5 s of compute;
+    # 0.4 s of link split 1:0:3 by parameters -> link (0.1, 0, 0.3),
+    # forward (0.05, 0.05, 0.1), backward (0.1, 0.05, 0.15)
+    layers = [(100, 1, 2), (0, 1, 1), (300, 2, 3)]
+    # layer 0: 0.1 + 0.5; layer 2: 0.4 + 0.25
+    assert bounds.layer_bound(layers, 0.5, 0.4) == pytest.approx(0.65)
+    assert bounds.layer_bound(layers, 1.0, 0.4) == pytest.approx(1.1)      # layer 0: 0.1 + 1.0
+    # never below the link floor plus the output-side layer's own compute
+    assert bounds.layer_bound([(1, 1, 1), (1, 1, 1)], 0.2, 1.0) == pytest.approx(1.1)
+
+
+@pytest.mark.parametrize("call, field", [
+    (lambda: bounds.per_layer_bound([0.1], [0.2, 0.2], [0.1]), "one entry per layer"),
+    (lambda: bounds.per_layer_bound([0.1], [-0.2], [0.1]), r"backward_s\[0\]"),
+    (lambda: bounds.per_layer_bound([0.1], [0.2], [float("nan")]), r"link_s\[0\]"),
+    (lambda: bounds.per_layer_bound(0.1, [0.2], [0.1]), "forward_s must be a sequence"),
+    (lambda: bounds.layer_bound([], 0.5, 0.4), "no layers"),
+    (lambda: bounds.layer_bound([(0, 1, 1)], 0.5, 0.4), "no layer has parameters"),
+    (lambda: bounds.layer_bound([(1, 0, 0)], 0.5, 0.4), "all 0"),
+    (lambda: bounds.layer_bound([(1, 1)], 0.5, 0.4), r"layers\[0\]"),
+    (lambda: bounds.layer_bound([(1, 1, 1)], -0.5, 0.4), "compute time"),
+    (lambda: bounds.layer_bound([(1, 1, 1)], 0.5, None), "link floor"),
+])
+def test_per_layer_bounds_name_bad_inputs(call, field):
+    with pytest.raises(ValueError, match=field):
+        call()

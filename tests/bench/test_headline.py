@@ -131,7 +131,8 @@ def test_two_jobs_on_the_loopback_and_on_the_testbed_have_their_own_floors():
     assert r["bound"]["cells"][1].startswith("no headroom")
 
 
-def test_overlap_rows_use_the_overlap_ceiling():
+def test_overlap_rows_use_the_overlap_ceiling(tmp_path, monkeypatch):
+    monkeypatch.setattr(h, "REPO", tmp_path)           # no measured profile
     runs = [_bench(0, ["horovod"], 0.62, batch=128, cpu=0.45, scen="overlap-mnv2",
                    gb=3_500_000, rate="300mbit"),
             _bench(0, ["overlap"], 0.51, batch=128, cpu=0.47, scen="overlap-mnv2",
@@ -143,6 +144,40 @@ def test_overlap_rows_use_the_overlap_ceiling():
     assert r["bound"]["cells"] == list(report.bound_cells(0.62, 0.51, 0.45))
     runs[0]["job_cpu_s"] = [None]
     assert "no job CPU" in h.row_result(OVER, "bench", runs)["bound"]["reason"]
+
+
+def test_overlap_rows_use_the_per_layer_bound_of_a_measured_profile(tmp_path, monkeypatch):
+    from horovod_prio.sim.profiles import Layer, Profile, save_profile
+    monkeypatch.setattr(h, "REPO", tmp_path)
+    runs = [_bench(0, ["horovod"], 0.62, batch=128, cpu=0.30, scen="overlap-mnv2",
+                   gb=9_000_000, rate="300mbit"),
+            _bench(0, ["overlap"], 0.55, batch=128, cpu=0.31, scen="overlap-mnv2",
+                   gb=9_000_000, rate="300mbit")]
+    floor = h.link_floor_s(runs[0], "bench")
+    assert floor == pytest.approx(0.48, rel=2e-3)      # 64 KiB frames
+    assert h.row_result(OVER, "bench", runs)["bound"]["s"] == pytest.approx(floor)
+    prof = tmp_path / "results" / "sim" / "profile_mobilenetv2_b128.json"
+    prof.parent.mkdir(parents=True)
+    # forward/backward times add up to 0.12 s -> x 2.5 = the job's 0.30 s of CPU; the output
+    # layer holds 9/10 of the bytes: all of the link + its own 0.05 + 0.15 s of compute
+    save_profile(Profile("m", (Layer("in", 100, 0.01, 0.01), Layer("act", 0, 0.01, 0.01),
+                               Layer("out", 900, 0.02, 0.06)), 128), str(prof))
+    r = h.row_result(OVER, "bench", runs)
+    assert r["bound"]["s"] == pytest.approx(floor + 0.2)
+    assert r["bound"]["overlap_ceiling_s"] == pytest.approx(floor)
+    assert r["bound"]["source"].startswith("per-layer bound")
+    assert "results/sim/profile_mobilenetv2_b128.json" in r["bound"]["source"]
+    assert r["bound"]["cells"] == list(report.bound_cells(0.62, 0.55, floor + 0.2))
+    # the larger of the two: a profile whose input-side work has no gradient (0.08 of its
+    # 0.12 s) leaves the per-layer bound (0.48 + 0.15) below a job CPU of 0.9 s
+    save_profile(Profile("m", (Layer("pre", 0, 0.04, 0.04), Layer("in", 100, 0.01, 0.01),
+                               Layer("out", 900, 0.01, 0.01)), 128), str(prof))
+    for x in runs:
+        x["job_cpu_s"] = [0.9]
+    r = h.row_result(OVER, "bench", runs)
+    assert r["bound"]["per_layer_s"] == pytest.approx(floor + 0.15)
+    assert r["bound"]["s"] == pytest.approx(0.9) and r["bound"]["per_layer_s"] < 0.9
+    assert r["bound"]["source"].startswith("overlap ceiling")
 
 
 def test_class_rows_use_the_alone_time_or_say_why_there_is_no_bound():
@@ -288,7 +323,8 @@ def test_rebound_recomputes_a_folders_bounds_from_its_runs_and_keeps_the_rest(
         assert {k: r[k] for k in ("base_s", "ours_s", "ratios", "ratio")} == \
             {k: old[r["title"]][k] for k in ("base_s", "ours_s", "ratios", "ratio")}
     assert again["runs"] == res["runs"] and again["aa"] == res["aa"]
-    assert again["meta"]["rebound"]["what"] == "link floor in wire bytes at each link's MTU"
+    assert again["meta"]["rebound"]["what"] == h.REBOUND_WHAT
+    assert h.REBOUND_WHAT.startswith("link floor in wire bytes at each link's MTU")
     md = (folder / "results.md").read_text()
     assert md == h.markdown(again) and "Bounds and shares re-rendered at git" in md
     assert "1514 per 1448 at MTU 1500" in md and "(link floor, wire bytes at MTU 1500)" in md

@@ -912,6 +912,28 @@ def test_profile_model_measures_a_functional_model_with_a_residual_add():
         ("a", 16 * 16 + 16), ("b", 16 * 8 + 8), ("c", 8 * 16 + 16), ("add", 0), ("out", 16 * 4 + 4)]
 
 
+@pytest.mark.tf_stack
+def test_profile_model_measures_self_attention_called_with_query_and_value():
+    """A layer the model called with several positional tensors
+    (``MultiHeadAttention()(x, x)``: query and value) is timed with the same
+    call (the harness's transformer)."""
+    import tensorflow as tf
+    spec = importlib.util.spec_from_file_location(
+        "hp_profile_test3", os.path.join(REPO, "benchmarks", "profile_model.py"))
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    inp = tf.keras.Input(shape=(6, 8))
+    x = tf.keras.layers.Dense(8, name="proj")(inp)
+    a = tf.keras.layers.MultiHeadAttention(2, 4, name="attn")(x, x)
+    out = tf.keras.layers.Dense(3, name="head")(tf.keras.layers.Flatten(name="flat")(a))
+    prof = mod.profile_model(tf.keras.Model(inp, out), 4, warmup=1, repeats=2)
+    # attention: query, key, value (8x2x4 + 2x4 each) and output (2x4x8 + 8) projections
+    assert [(l.name, l.params) for l in prof.layers] == [
+        ("proj", 8 * 8 + 8), ("attn", 3 * (8 * 8 + 8) + 8 * 8 + 8), ("flat", 0),
+        ("head", 48 * 3 + 3)]
+    assert prof.layers[1].forward_s > 0
+
+
 # ------------------------------------------------------------------ validation / sweep
 def test_validate_reads_harness_results(tmp_path):
     from horovod_prio.sim.validate import measured_from_harness
