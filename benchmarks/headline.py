@@ -293,7 +293,11 @@ def compact(key: str, runner: str, rec: dict) -> dict:
                        job_alone_s=[j["median_alone"] for j in st["jobs"]],
                        grad_bytes=(rec["jobs"][0].get("meta") or {}).get("grad_bytes"),
                        ranks=2, mtu=testbed.MTU, phase=phase_fractions(rec),
-                       comm_s=run_comm_s(rec))
+                       comm_s=run_comm_s(rec),
+                       # each job's measured steps (seconds, 0.1 ms): the step-to-step
+                       # variation the simulator draws its compute noise from
+                       job_steps_s=[[round(b - a, 4) for a, b in report.measured_steps(j)]
+                                    for j in rec["jobs"]])
     return out
 
 
@@ -532,13 +536,43 @@ def compact_measured(runs: list[dict], variants) -> tuple[dict, dict, dict]:
     return measured, phases, comm
 
 
-def cluster_meta(sc: dict, repeats: int) -> dict:
+#: the commit that made the arbiter's class reserve 0.875 by default, and its time;
+#: sweeps of checkouts without it ran their arbiter without one
+CLASS_RESERVE_DEFAULT = ("58ecb74", "2026-12-07T20:52:07+00:00")
+
+
+def _has_commit(git: str | None, date: str | None, commit: str, when: str) -> bool:
+    """Did a sweep of checkout ``git`` (started at ``date``) contain ``commit``? Asked
+    of this repository's history; where it does not know ``git``, by the dates."""
+    import subprocess
+    if git:
+        try:
+            rc = subprocess.run(["git", "merge-base", "--is-ancestor", commit, git.split("-")[0]],
+                                cwd=REPO, capture_output=True, timeout=30).returncode
+        except (OSError, subprocess.SubprocessError):
+            rc = None
+        if rc in (0, 1):
+            return rc == 0
+    return bool(date) and _dt.datetime.fromisoformat(date) >= _dt.datetime.fromisoformat(when)
+
+
+def cluster_meta(sc: dict, repeats: int, git: str | None = None,
+                 date: str | None = None) -> dict:
     """The ``benchmarks.cluster`` meta of a recorded scenario (``meta["scenarios"]
-    [key]``), from its arguments through the runner's parser and defaults."""
+    [key]``): as the sweep recorded it (``cluster_meta``, sweeps since 2026-12-08), else
+    from its arguments through this checkout's runner parser and defaults, with the
+    defaults that moved since the sweep's checkout (``git``, started at ``date``) put
+    back: the arbiter's class reserve, 0 before :data:`CLASS_RESERVE_DEFAULT`."""
+    if sc.get("cluster_meta"):
+        return sc["cluster_meta"]
     from . import cluster
     a = cluster.parse_args(list(sc["argv"]) + ["--repeats", str(repeats)])
-    return cluster.results_meta(a, cluster.variants_to_run(a.job, a.variants),
+    meta = cluster.results_meta(a, cluster.variants_to_run(a.job, a.variants),
                                 "python -m benchmarks.cluster " + " ".join(sc["argv"]))
+    if ((git or date) and a.arbiter_class_reserve is None
+            and not _has_commit(git, date, *CLASS_RESERVE_DEFAULT)):
+        meta["arbiter_class_reserve"] = 0.0
+    return meta
 
 
 def resim(folder, calibrate=None) -> dict:
@@ -559,7 +593,7 @@ def resim(folder, calibrate=None) -> dict:
         alone = results_io.load(results_io.results_path(Path(calibrate)))
     elif CALIBRATION in m["scenarios"]:
         sc = m["scenarios"][CALIBRATION]
-        meta = cluster_meta(sc, m["repeats"])
+        meta = cluster_meta(sc, m["repeats"], m.get("git"), m.get("date"))
         measured, _, comm = compact_measured(
             [r for r in res["runs"] if r["scenario"] == CALIBRATION], meta["variants"])
         alone, cal_kw = {"meta": meta, "runs": []}, {"measured": measured, "comm": comm}
@@ -569,7 +603,7 @@ def resim(folder, calibrate=None) -> dict:
     for key, sc in m["scenarios"].items():
         if sc["runner"] != "cluster" or key == CALIBRATION:
             continue
-        meta = cluster_meta(sc, m["repeats"])
+        meta = cluster_meta(sc, m["repeats"], m.get("git"), m.get("date"))
         measured, phases, _ = compact_measured(
             [r for r in res["runs"] if r["scenario"] == key], meta["variants"])
         together = all(float(d.get("start") or 0) == 0 for d in meta["jobs"])
@@ -897,8 +931,13 @@ def main(argv=None) -> int:
         "git": git_rev(), "machine": machine(), "loadavg_start": os.getloadavg()[0],
         "loadavg_end": None, "repeats": args.repeats, "quick": args.quick,
         "only": args.only,
-        "scenarios": {s.key: {"runner": s.runner,
-                              "argv": list(s.quick_argv if args.quick else s.argv)} for s in scens},
+        "scenarios": {s.key: dict({"runner": s.runner,
+                                   "argv": list(s.quick_argv if args.quick else s.argv)},
+                                  # the runner's settings as this checkout ran them (its
+                                  # defaults move: --resim rebuilds from this, not today's)
+                                  **({"cluster_meta": raw[s.key]["meta"]}
+                                     if s.runner == "cluster" else {}))
+                      for s in scens},
         "estimate_s": estimate_s(scens, plans)}, "runs": [], "rows": [], "aa": {}}
     sys.stderr.write(f"[headline] {len(order)} runs in {len(scens)} scenarios x {args.repeats} "
                      f"repeat(s), about {res['meta']['estimate_s'] / 60:.0f} min; writing {out}\n")
