@@ -48,7 +48,9 @@ a rough measure: docs/sim.md).
 ``--compute-scale calibrated`` also takes the compute scale from ALONE instead
 of fitting it on ``DIR``'s plain Horovod run (with one core per job, a job's
 compute does not depend on the other job), so that the plain-Horovod rows are
-predictions too (``--compute-scale K`` gives it by hand).
+predictions too (``--compute-scale K`` gives it by hand). ``--replicas N`` (with
+``--calibrate``) adds ALONE's plain-Horovod step-to-step variation as every job's
+compute noise over N replicas seeded from ``--seed`` (:func:`make_noise`).
 """
 from __future__ import annotations
 
@@ -682,6 +684,12 @@ def main(argv=None) -> int:
                    help="the compute scale instead of fitting it on DIR's plain Horovod run: a "
                         "number > 0, or 'calibrated' (the one measured on --calibrate's hvd "
                         "run: the same job's compute alone on the same pinning)")
+    p.add_argument("--replicas", type=int, default=0, metavar="N",
+                   help="with --calibrate: N seeded replicas with ALONE's plain-Horovod "
+                        "step-to-step variation as every job's compute noise, each row their "
+                        "median (default 0: the deterministic model)")
+    p.add_argument("--seed", type=int, default=0, metavar="S",
+                   help="the replicas' first seed (0)")
     p.add_argument("--no-phase", action="store_true",
                    help="start jobs that start together 0.5 ms apart in the simulator instead "
                         "of at the relative phase they had on the testbed")
@@ -702,6 +710,11 @@ def main(argv=None) -> int:
         if not (0 < k < float("inf")):
             p.error(f"argument --compute-scale: expected a number > 0 or 'calibrated', "
                     f"got {a.compute_scale!r}")
+    if a.replicas < 0:
+        p.error(f"argument --replicas: expected an integer >= 0, got {a.replicas}")
+    if a.replicas and not a.calibrate:
+        p.error("argument --replicas: needs --calibrate ALONE (its plain-Horovod steps are "
+                "the measured variation)")
     if k == "calibrated" and not a.calibrate:
         p.error("argument --compute-scale: 'calibrated' needs --calibrate ALONE")
     d = Path(a.dir)
@@ -710,11 +723,15 @@ def main(argv=None) -> int:
         profile = load_profile(a.profile)
     except (OSError, ValueError) as e:
         p.error(f"argument --profile: {e}")
-    cal = None
+    cal = noise = None
     if a.calibrate:
+        alone = _load(p, Path(a.calibrate), "--calibrate")
+        noise = make_noise(noise_draws(alone), a.replicas, a.seed)
+        if a.replicas and noise is None:
+            p.error("argument --replicas: the --calibrate run records no plain-Horovod steps "
+                    "to draw the variation from")
         try:
-            cal = calibrate(_load(p, Path(a.calibrate), "--calibrate"), profile,
-                            overhead=a.collective_overhead)
+            cal = calibrate(alone, profile, overhead=a.collective_overhead, noise=noise)
         except ValueError as e:
             p.error(str(e))
         a.step_cost, a.arbiter_rtt = cal["step_cost"], cal["arbiter_rtt"]
@@ -723,7 +740,7 @@ def main(argv=None) -> int:
             k = cal["compute_scale"]
     try:
         res = check(results, profile, overhead=a.collective_overhead, rtt=a.arbiter_rtt,
-                    compute_scale=k, phase=not a.no_phase, step=a.step_cost)
+                    compute_scale=k, phase=not a.no_phase, step=a.step_cost, noise=noise)
     except ValueError as e:
         p.error(f"argument dir: {e}")
     if cal:

@@ -209,6 +209,8 @@ def test_cli_refuses_bad_costs(tmp_path, capsys):
                        (["--compute-scale", "calibrated"], "--compute-scale"),
                        (["--compute-scale", "0"], "--compute-scale"),
                        (["--compute-scale", "fast"], "--compute-scale"),
+                       (["--replicas", "4"], "--replicas: needs --calibrate"),
+                       (["--replicas", "-1"], "--replicas: expected an integer >= 0"),
                        ([], "argument dir")):
         with pytest.raises(SystemExit):
             sim_check.main([str(tmp_path), "--profile", "x.json"] + argv)
@@ -243,6 +245,10 @@ def test_cli_calibrates_and_writes_unless_told_not_to(tmp_path, capsys):
     assert sim_check.main(argv + ["--no-write", "--compute-scale", "calibrated"]) == 0
     out = capsys.readouterr().out
     assert "given, not fitted" in out and "| hvd | 0 | shared |" in out
+    # ALONE's plain-Horovod step variation as compute noise over seeded replicas
+    assert sim_check.main(argv + ["--no-write", "--replicas", "3", "--seed", "2"]) == 0
+    out = capsys.readouterr().out
+    assert "3 replicas seeded from 2" in out and "| spec | 1 | shared |" in out
     with pytest.raises(SystemExit):
         sim_check.main([str(tmp_path / "shared"), "--profile", str(tmp_path / "nope.json")])
     assert "--profile" in capsys.readouterr().err
