@@ -461,6 +461,9 @@ def sim_for(row: Row, check_res: dict | None, why: str) -> dict:
                 out[side]["replicas"] = [min(per), max(per)]
                 # a replica without a step in the window has no value (as a testbed run)
                 out[side]["replicas_n"] = [len(per), len(reps[0])]
+    if out and "ours" not in out:
+        # plain Horovod modelled, horovod_prio not: the job had no step in the window
+        out["reason"] = "the simulator gave no step of this job inside the shared window"
     return out or {"reason": "the simulator gave no row for this job"}
 
 

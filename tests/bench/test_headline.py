@@ -176,6 +176,11 @@ def test_the_simulators_prediction_is_taken_from_its_rows():
     r = h.row_result(CLS_C1, "cluster", [_cl(0, "hvd", [0.42, 0.4], [0.3, None]),
                                          _cl(0, "spec", [0.28, 1], [0.27, None])], s)
     assert h.sim_text(r) == "0.300 (+7%)"
+    # horovod_prio's job without a step in the simulated window: said so, not "not checked"
+    none = h.sim_for(CLS_C1, {"rows": check["rows"][:1]}, "")
+    r = h.row_result(CLS_C1, "cluster", [_cl(0, "hvd", [0.42, 0.4], [0.3, None]),
+                                         _cl(0, "spec", [0.28, 1], [0.27, None])], none)
+    assert h.sim_text(r) == "– (the simulator gave no step of this job inside the shared window)"
 
 
 def test_aa_pairs_come_from_the_one_job_control():
