@@ -60,6 +60,9 @@ CALIBRATION = "sim-calibration"
 #: this box measured 0.270 and 0.360 s/step for the same job (the costs 1.5 and 11.1 ms
 #: per collective); the A/A spread within a sweep is under 3 %
 SAME_BOX = 0.05
+#: seeded replicas of the simulator check with the calibration run's measured step-to-step
+#: variation as compute noise (sim_check.make_noise; 0: the deterministic model)
+SIM_REPLICAS = 16
 
 
 # ---------------------------------------------------------------- the matrix
@@ -190,7 +193,28 @@ def build_parser():
                         "(variants hvd,prio,spec) whose job-side costs, measured on its chunks' "
                         "time in flight, go into the scenarios run on the same link, model, "
                         "batch, transport and pinning")
+    p.add_argument("--noise-from", metavar="RUN", default=None,
+                   help="with --resim: a headline folder or a benchmarks.cluster folder of one "
+                        "job alone whose plain-Horovod step-to-step variation is the compute "
+                        "noise of the scenarios whose plain Horovod alone it matches within "
+                        f"{SAME_BOX:.0%} (for folders recorded without step times)")
+    p.add_argument("--replicas", type=_replicas_arg, default=SIM_REPLICAS, metavar="N",
+                   help="seeded replicas of the simulator check with the calibration run's "
+                        f"measured step-to-step variation as compute noise ({SIM_REPLICAS}; "
+                        "0: the deterministic model)")
+    p.add_argument("--seed", type=int, default=0, metavar="S",
+                   help="the replicas' first seed (0)")
     return p
+
+
+def _replicas_arg(text: str) -> int:
+    try:
+        n = int(text)
+    except ValueError:
+        n = -1
+    if n < 0:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 0, got {text!r}")
+    return n
 
 
 def parse_args(argv=None):
@@ -198,6 +222,8 @@ def parse_args(argv=None):
     a = p.parse_args(argv)
     if a.calibrate is not None and a.resim is None:
         p.error("argument --calibrate: only with --resim DIR")
+    if a.noise_from is not None and a.resim is None:
+        p.error("argument --noise-from: only with --resim DIR")
     if a.rebound is not None and a.resim is not None:
         p.error("argument --rebound: not with --resim")
     if a.repeats is None:
@@ -293,7 +319,11 @@ def compact(key: str, runner: str, rec: dict) -> dict:
                        job_alone_s=[j["median_alone"] for j in st["jobs"]],
                        grad_bytes=(rec["jobs"][0].get("meta") or {}).get("grad_bytes"),
                        ranks=2, mtu=testbed.MTU, phase=phase_fractions(rec),
-                       comm_s=run_comm_s(rec))
+                       comm_s=run_comm_s(rec),
+                       # each job's measured steps (seconds, 0.1 ms): the step-to-step
+                       # variation the simulator draws its compute noise from
+                       job_steps_s=[[round(b - a, 4) for a, b in report.measured_steps(j)]
+                                    for j in rec["jobs"]])
     return out
 
 
@@ -451,6 +481,17 @@ def sim_for(row: Row, check_res: dict | None, why: str) -> dict:
         simv = statistics.fmean(r["sim_s"] for r in rows)
         out[side] = {"sim_s": simv, "error": simv / meas - 1.0,
                      "fitted": any(r.get("fitted") for r in rows)}
+        reps = [r.get("sim_replicas") for r in rows]
+        if all(reps):
+            # each replica's value of the row (its jobs' mean), their range
+            per = [statistics.fmean(x) for x in zip(*reps) if None not in x]
+            if per:
+                out[side]["replicas"] = [min(per), max(per)]
+                # a replica without a step in the window has no value (as a testbed run)
+                out[side]["replicas_n"] = [len(per), len(reps[0])]
+    if out and "ours" not in out:
+        # plain Horovod modelled, horovod_prio not: the job had no step in the window
+        out["reason"] = "the simulator gave no step of this job inside the shared window"
     return out or {"reason": "the simulator gave no row for this job"}
 
 
@@ -475,6 +516,7 @@ def sim_check_scenario(meta: dict, records: list[dict], **kw) -> tuple[dict | No
 
 
 def calibration_for(meta: dict, alone: dict | None, hvd_alone_s: float | None = None,
+                    draws=None, replicas: int = SIM_REPLICAS, seed: int = 0,
                     **kw) -> tuple[dict, str]:
     """The job-side costs (``sim_check.calibrate``, the per-collective overhead
     measured on the chunks' time in flight) of ``alone`` -- a ``benchmarks.cluster``
@@ -484,7 +526,12 @@ def calibration_for(meta: dict, alone: dict | None, hvd_alone_s: float | None = 
     ``comm``) goes to ``calibrate`` for compact runs (:func:`compact_measured`).
     ``hvd_alone_s``: the scenario's plain-Horovod step of one job alone, for a
     calibration run of another sweep: its costs apply only if its own plain-Horovod
-    step agrees within :data:`SAME_BOX` (the same box at the same speed)."""
+    step agrees within :data:`SAME_BOX` (the same box at the same speed).
+
+    The compute noise (``costs["noise"]``, :func:`sim_check.make_noise`): ``draws``
+    (seconds), else the step-to-step deviations of ``alone``'s plain-Horovod steps
+    where its records have them, over ``replicas`` replicas from ``seed``; the costs
+    are then calibrated with it too. None without draws or replicas."""
     if alone is None:
         return {}, "not calibrated: no run of one job alone to measure the job-side costs on"
     am = alone["meta"]
@@ -496,8 +543,12 @@ def calibration_for(meta: dict, alone: dict | None, hvd_alone_s: float | None = 
     from horovod_prio.sim.profiles import load_profile
     from . import sim_check
     prof = REPO / "results" / "sim" / f"profile_{am['model']}_b{am['batch']}.json"
+    if draws is None:
+        draws = sim_check.noise_draws(alone)
     try:
-        cal = sim_check.calibrate(alone, load_profile(str(prof)), overhead=None, **kw)
+        noise = sim_check.make_noise(draws, replicas, seed)
+        cal = sim_check.calibrate(alone, load_profile(str(prof)), overhead=None, noise=noise,
+                                  **kw)
     except (OSError, ValueError) as e:
         return {}, f"not calibrated: {e}"
     if hvd_alone_s:
@@ -508,7 +559,7 @@ def calibration_for(meta: dict, alone: dict | None, hvd_alone_s: float | None = 
                         f"{hvd_alone_s:.3f} (a box at another speed; its job-side costs "
                         f"apply within {SAME_BOX:.0%})")
     return {"overhead": cal["collective_overhead"], "rtt": cal["arbiter_rtt"],
-            "step": cal["step_cost"]}, ""
+            "step": cal["step_cost"], "noise": noise}, ""
 
 
 def sim_summary(sims: dict, why: dict, source: str = "") -> dict:
@@ -526,6 +577,8 @@ def sim_summary(sims: dict, why: dict, source: str = "") -> dict:
                     "collective_overhead_s": c["collective_overhead"],
                     "arbiter_rtt_s": c["arbiter_rtt"], "step_cost_s": c["step_cost"],
                     "costs": why.get(key) or f"measured on {source}"}
+        if c.get("noise"):
+            out[key]["noise"] = c["noise"]
     return out
 
 
@@ -536,7 +589,16 @@ def sim_text_of(key: str, e: dict) -> str:
     return (f"{key}: compute scale {e['compute_scale']:.2f} (fitted on plain Horovod), "
             f"per-collective overhead {1e3 * e['collective_overhead_s']:.1f} ms, arbiter round "
             f"trip {1e3 * e['arbiter_rtt_s']:.1f} ms, per-step cost {1e3 * e['step_cost_s']:.1f} "
-            f"ms: {e['costs']}")
+            f"ms: {e['costs']}" + noise_text(e.get("noise")))
+
+
+def noise_text(nz: dict | None) -> str:
+    """The compute noise of a check (:func:`sim_check.noise_summary`), or ""."""
+    if not nz:
+        return ""
+    return (f"; compute noise from {nz['n']} measured step-to-step deviations of plain "
+            f"Horovod alone (sd {1e3 * nz['sd_s']:.1f} ms), median of {nz['replicas']} "
+            f"seeded replicas (seed {nz['seed']})")
 
 
 def compact_measured(runs: list[dict], variants) -> tuple[dict, dict, dict]:
@@ -560,16 +622,70 @@ def compact_measured(runs: list[dict], variants) -> tuple[dict, dict, dict]:
     return measured, phases, comm
 
 
-def cluster_meta(sc: dict, repeats: int) -> dict:
+#: the commit that made the arbiter's class reserve 0.875 by default, and its time;
+#: sweeps of checkouts without it ran their arbiter without one
+CLASS_RESERVE_DEFAULT = ("58ecb74", "2026-12-07T20:52:07+00:00")
+
+
+def _has_commit(git: str | None, date: str | None, commit: str, when: str) -> bool:
+    """Did a sweep of checkout ``git`` (started at ``date``) contain ``commit``? Asked
+    of this repository's history; where it does not know ``git``, by the dates."""
+    import subprocess
+    if git:
+        try:
+            rc = subprocess.run(["git", "merge-base", "--is-ancestor", commit, git.split("-")[0]],
+                                cwd=REPO, capture_output=True, timeout=30).returncode
+        except (OSError, subprocess.SubprocessError):
+            rc = None
+        if rc in (0, 1):
+            return rc == 0
+    return bool(date) and _dt.datetime.fromisoformat(date) >= _dt.datetime.fromisoformat(when)
+
+
+def cluster_meta(sc: dict, repeats: int, git: str | None = None,
+                 date: str | None = None) -> dict:
     """The ``benchmarks.cluster`` meta of a recorded scenario (``meta["scenarios"]
-    [key]``), from its arguments through the runner's parser and defaults."""
+    [key]``): as the sweep recorded it (``cluster_meta``, sweeps since 2026-12-08), else
+    from its arguments through this checkout's runner parser and defaults, with the
+    defaults that moved since the sweep's checkout (``git``, started at ``date``) put
+    back: the arbiter's class reserve, 0 before :data:`CLASS_RESERVE_DEFAULT`."""
+    if sc.get("cluster_meta"):
+        return sc["cluster_meta"]
     from . import cluster
     a = cluster.parse_args(list(sc["argv"]) + ["--repeats", str(repeats)])
-    return cluster.results_meta(a, cluster.variants_to_run(a.job, a.variants),
+    meta = cluster.results_meta(a, cluster.variants_to_run(a.job, a.variants),
                                 "python -m benchmarks.cluster " + " ".join(sc["argv"]))
+    if ((git or date) and a.arbiter_class_reserve is None
+            and not _has_commit(git, date, *CLASS_RESERVE_DEFAULT)):
+        meta["arbiter_class_reserve"] = 0.0
+    return meta
 
 
-def resim(folder, calibrate=None) -> dict:
+def headline_noise_draws(res: dict) -> tuple:
+    """The step-to-step deviations of plain Horovod alone in a headline folder's
+    calibration runs (``job_steps_s``, recorded since 2026-12-08); empty before."""
+    from . import sim_check
+    return sim_check.step_deviations([(r.get("job_steps_s") or [None])[0] for r in res["runs"]
+                                      if r["scenario"] == CALIBRATION and r["config"] == ["hvd"]
+                                      and r["status"] == "ok"])
+
+
+def _noise_source(path) -> tuple[tuple, float | None]:
+    """(draws, plain Horovod alone s/step) of ``--noise-from``: a headline folder (its
+    calibration runs) or a ``benchmarks.cluster`` folder of one job alone (its hvd runs)."""
+    from . import sim_check
+    rec = results_io.load(results_io.results_path(Path(path)))
+    if rec.get("format") == FORMAT:
+        cal = [r for r in rec["runs"] if r["scenario"] == CALIBRATION and r["config"] == ["hvd"]
+               and r["status"] == "ok"]
+        return headline_noise_draws(rec), _med([(r.get("job_alone_s") or [None])[0]
+                                                or (r.get("job_s") or [None])[0] for r in cal])
+    m = sim_check._measured(rec).get("hvd") or [{}]
+    return sim_check.noise_draws(rec), m[0].get("alone") or m[0].get("shared")
+
+
+def resim(folder, calibrate=None, noise_from=None, replicas: int = SIM_REPLICAS,
+          seed: int = 0) -> dict:
     """The simulator's check of a headline folder's testbed rows again, from what
     the folder recorded (no testbed, no root): each cluster scenario's runner meta
     rebuilt from its recorded arguments (the runner's parser and defaults of this
@@ -577,7 +693,11 @@ def resim(folder, calibrate=None) -> dict:
     recorded (folders made before runs recorded their phase simulate the jobs that
     start together 0.5 ms apart, not at the testbed's phase). ``calibrate``: a
     ``benchmarks.cluster`` folder of one arb job alone (:func:`calibration_for`)
-    whose job-side costs go into the scenarios it matches. Returns ``{"rows":
+    whose job-side costs go into the scenarios it matches. The compute noise
+    (``replicas`` seeded from ``seed``; 0: the deterministic model) comes from the
+    calibration run's plain-Horovod steps where recorded, or from ``noise_from`` (a
+    headline or one-job cluster folder), which lends them only to a scenario whose
+    plain Horovod alone it matches within :data:`SAME_BOX`. Returns ``{"rows":
     [{"title", "measured_s", "recorded": sim or None, "now": sim}], "notes": [...]}``
     (a sim: ``{"sim_s", "error"}`` or ``{"reason"}``)."""
     res = results_io.load(results_io.results_path(Path(folder)))
@@ -587,17 +707,19 @@ def resim(folder, calibrate=None) -> dict:
         alone = results_io.load(results_io.results_path(Path(calibrate)))
     elif CALIBRATION in m["scenarios"]:
         sc = m["scenarios"][CALIBRATION]
-        meta = cluster_meta(sc, m["repeats"])
+        meta = cluster_meta(sc, m["repeats"], m.get("git"), m.get("date"))
         measured, _, comm = compact_measured(
             [r for r in res["runs"] if r["scenario"] == CALIBRATION], meta["variants"])
-        alone, cal_kw = {"meta": meta, "runs": []}, {"measured": measured, "comm": comm}
+        alone, cal_kw = {"meta": meta, "runs": []}, {"measured": measured, "comm": comm,
+                                                     "draws": headline_noise_draws(res)}
     else:
         alone = None
+    lent, lent_hvd = (None, None) if noise_from is None else _noise_source(noise_from)
     checks, notes, why = {}, [], {}
     for key, sc in m["scenarios"].items():
         if sc["runner"] != "cluster" or key == CALIBRATION:
             continue
-        meta = cluster_meta(sc, m["repeats"])
+        meta = cluster_meta(sc, m["repeats"], m.get("git"), m.get("date"))
         measured, phases, _ = compact_measured(
             [r for r in res["runs"] if r["scenario"] == key], meta["variants"])
         together = all(float(d.get("start") or 0) == 0 for d in meta["jobs"])
@@ -606,7 +728,23 @@ def resim(folder, calibrate=None) -> dict:
         # another sweep's calibration run: only on a box at the same speed (job 0 alone)
         hvd0 = ((measured.get("hvd") or [{}])[0].get("alone") if calibrate is not None
                 else None)
-        costs, why[key] = calibration_for(meta, alone, hvd_alone_s=hvd0, **cal_kw)
+        kw = dict(cal_kw)
+        if lent is not None:
+            own = (measured.get("hvd") or [{}])[0].get("alone")
+            off = lent_hvd / own - 1.0 if lent_hvd and own else None
+            if off is not None and abs(off) <= SAME_BOX and lent:
+                kw["draws"] = lent
+                notes.append(f"{key}: compute noise from {noise_from} (plain Horovod alone "
+                             f"{lent_hvd:.3f} s/step there, {off:+.0%} off this run's)")
+            else:
+                kw["draws"] = ()
+                notes.append(f"{key}: no compute noise from {noise_from}: " + (
+                    "it records no step times" if not lent else
+                    f"plain Horovod alone took {lent_hvd:.3f} s/step there, "
+                    f"{off:+.0%} off this run's {own:.3f}" if off is not None else
+                    "no plain-Horovod step alone to compare"))
+        costs, why[key] = calibration_for(meta, alone, hvd_alone_s=hvd0, replicas=replicas,
+                                          seed=seed, **kw)
         checks[key] = sim_check_scenario(meta, [], measured=measured, phases=phases, **costs)
     rows = []
     recorded = {r["title"]: r.get("sim") or {} for r in res.get("rows") or []}
@@ -620,6 +758,8 @@ def resim(folder, calibrate=None) -> dict:
                      "recorded": rec.get("ours"), "now": now.get("ours") or now})
     return {"folder": str(folder), "git": git_rev(), "rows": rows, "notes": notes,
             "calibration": None if calibrate is None else str(calibrate),
+            "noise_from": None if noise_from is None else str(noise_from),
+            "replicas": replicas, "seed": seed,
             "checks": {k: c for k, (c, _) in checks.items()},
             "sim": sim_summary(checks, why, f"{calibrate} (one job alone)" if calibrate else "")}
 
@@ -630,8 +770,17 @@ def resim_markdown(r: dict) -> str:
             return "–"
         if "sim_s" not in s:
             return f"– ({s.get('reason', 'none')})"
-        return f"{s['sim_s']:.3f} ({s['error']:+.0%})"
+        return (f"{s['sim_s']:.3f} ({s['error']:+.0%})"
+                + (" [replicas %.3f–%.3f%s]" % (*s["replicas"], "" if s.get(
+                    "replicas_n", [0, 0])[0] == s.get("replicas_n", [0, 0])[1]
+                    else ", %d of %d with a value" % tuple(s["replicas_n"]))
+                   if s.get("replicas") else ""))
     cal = f" --calibrate {r['calibration']}" if r.get("calibration") else ""
+    cal += f" --noise-from {r['noise_from']}" if r.get("noise_from") else ""
+    if r.get("replicas", SIM_REPLICAS) != SIM_REPLICAS:
+        cal += f" --replicas {r['replicas']}"
+    if r.get("seed"):
+        cal += f" --seed {r['seed']}"
     lines = [f"Simulator check of `{r['folder']}` re-run at git {r['git']} from its recorded "
              f"medians (`python -m benchmarks.headline --resim {r['folder']}{cal}`)", "",
              "| scenario | horovod_prio s/step (testbed) | simulator as recorded (error) "
@@ -894,7 +1043,8 @@ def main(argv=None) -> int:
         return 0
     if args.resim is not None:
         try:
-            sys.stdout.write(resim_markdown(resim(args.resim, args.calibrate)))
+            sys.stdout.write(resim_markdown(resim(args.resim, args.calibrate, args.noise_from,
+                                                    args.replicas, args.seed)))
         except (OSError, ValueError, KeyError) as e:
             sys.stderr.write(f"python -m benchmarks.headline: error: argument --resim: "
                              f"cannot re-check {args.resim}: {e}\n")
@@ -936,8 +1086,13 @@ def main(argv=None) -> int:
         "git": git_rev(), "machine": machine(), "loadavg_start": os.getloadavg()[0],
         "loadavg_end": None, "repeats": args.repeats, "quick": args.quick,
         "only": args.only,
-        "scenarios": {s.key: {"runner": s.runner,
-                              "argv": list(s.quick_argv if args.quick else s.argv)} for s in scens},
+        "scenarios": {s.key: dict({"runner": s.runner,
+                                   "argv": list(s.quick_argv if args.quick else s.argv)},
+                                  # the runner's settings as this checkout ran them (its
+                                  # defaults move: --resim rebuilds from this, not today's)
+                                  **({"cluster_meta": raw[s.key]["meta"]}
+                                     if s.runner == "cluster" else {}))
+                      for s in scens},
         "estimate_s": estimate_s(scens, plans)}, "runs": [], "rows": [], "aa": {}}
     sys.stderr.write(f"[headline] {len(order)} runs in {len(scens)} scenarios x {args.repeats} "
                      f"repeat(s), about {res['meta']['estimate_s'] / 60:.0f} min; writing {out}\n")
@@ -976,7 +1131,10 @@ def main(argv=None) -> int:
     alone = raw.get(CALIBRATION)
     for s in scens:
         if s.runner == "cluster" and s.key != CALIBRATION:
-            costs, why[s.key] = calibration_for(raw[s.key]["meta"], alone)
+            # the noise from the compact runs' step times, as --resim reads them
+            costs, why[s.key] = calibration_for(raw[s.key]["meta"], alone,
+                                                draws=headline_noise_draws(res),
+                                                replicas=args.replicas, seed=args.seed)
             if why[s.key]:
                 sys.stderr.write(f"[headline] simulator check of {s.key}: {why[s.key]}\n")
             sims[s.key] = sim_check_scenario(raw[s.key]["meta"], raw[s.key]["runs"], **costs)

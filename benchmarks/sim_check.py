@@ -48,7 +48,9 @@ a rough measure: docs/sim.md).
 ``--compute-scale calibrated`` also takes the compute scale from ALONE instead
 of fitting it on ``DIR``'s plain Horovod run (with one core per job, a job's
 compute does not depend on the other job), so that the plain-Horovod rows are
-predictions too (``--compute-scale K`` gives it by hand).
+predictions too (``--compute-scale K`` gives it by hand). ``--replicas N`` (with
+``--calibrate``) adds ALONE's plain-Horovod step-to-step variation as every job's
+compute noise over N replicas seeded from ``--seed`` (:func:`make_noise`).
 """
 from __future__ import annotations
 
@@ -197,6 +199,55 @@ def _med(xs):
     return statistics.median(xs) if xs else None
 
 
+def step_deviations(step_lists) -> tuple:
+    """The step-to-step variation of one job's runs: each run's measured steps
+    (seconds) minus that run's median, pooled over the runs (a run's own level is
+    not variation: the runs' medians are what the check compares)."""
+    out = []
+    for st in step_lists:
+        st = [x for x in st or [] if x is not None]
+        if len(st) >= 2:
+            m = statistics.median(st)
+            out += [x - m for x in st]
+    return tuple(out)
+
+
+def noise_draws(results: dict, variant: str = "hvd") -> tuple:
+    """:func:`step_deviations` of job 0's measured steps in ``variant``'s ok runs of a
+    ``benchmarks.cluster`` record (plain Horovod of one job alone: the calibration
+    run); empty where there are none."""
+    return step_deviations([[b - a for a, b in report.measured_steps(r["jobs"][0])]
+                            for r in results.get("runs") or []
+                            if r.get("variant") == variant and r.get("status") == "ok"
+                            and r.get("jobs")])
+
+
+def make_noise(draws, replicas: int, seed: int = 0) -> dict | None:
+    """The check's compute noise: each job's compute per step is stretched by one of
+    ``draws`` (seconds, :func:`step_deviations`), drawn with replacement, in
+    ``replicas`` simulations seeded ``seed``, ``seed`` + 1, ... (the job's index
+    is in its stream too); the check reports the replicas' median and their range.
+    None (the deterministic model) without draws or replicas."""
+    if isinstance(replicas, bool) or not isinstance(replicas, int) or replicas < 0:
+        raise ValueError(f"replicas must be an integer >= 0, got {replicas!r}")
+    if isinstance(seed, bool) or not isinstance(seed, int):
+        raise ValueError(f"seed must be an integer, got {seed!r}")
+    draws = tuple(float(x) for x in draws or ())
+    if not draws or not replicas:
+        return None
+    return {"draws": draws, "replicas": replicas, "seed": seed}
+
+
+def noise_summary(noise: dict | None) -> dict | None:
+    """What a result records of its noise (the draws themselves stay with the run)."""
+    if not noise:
+        return None
+    d = sorted(noise["draws"])
+    q = lambda f: d[min(len(d) - 1, int(f * len(d)))]
+    return {"replicas": noise["replicas"], "seed": noise["seed"], "n": len(d),
+            "sd_s": statistics.pstdev(d), "p10_s": q(0.10), "p90_s": q(0.90)}
+
+
 def _sim_jobs(results: dict, variant: str, profile: Profile, offsets=None):
     meta = results["meta"]
     jobs, mode = [], _MODE.get(variant) or "fifo"
@@ -279,7 +330,7 @@ def _bisect(err, lo, hi, geometric=False, n=40):
     return (lo * hi) ** 0.5 if geometric else (lo + hi) / 2
 
 
-def _runner(results, profile, pcfg, phases=None):
+def _runner(results, profile, pcfg, phases=None, noise=None):
     """run(variant, k, ...) -> the simulated per-job stats. With ``phases`` (variant ->
     each repeat's testbed phase fractions, :func:`_phases`) each repeat is
     simulated on its own (a phase is an input, like a start offset), each job
@@ -289,16 +340,19 @@ def _runner(results, profile, pcfg, phases=None):
     warmup = int(meta["warmup"])
     phases = phases or {}
 
-    def once(variant, k, overhead, rtt, step, offsets):
+    def once(variant, k, overhead, rtt, step, offsets, rep=None):
         jobs, mode = _sim_jobs(results, variant, _scaled(profile, k), offsets)
+        if rep is not None:
+            jobs = [replace(j, compute_noise=noise["draws"], seed=noise["seed"] + rep)
+                    for j in jobs]
         link = _link(meta, overhead, rtt, step if variant != "hvd" else 0.0)
         return simulate(jobs, mode, link, pcfg), jobs
 
     def sim_phase(r):
         return _phase_of([[(s.start, s.end) for s in st[warmup:]] for st in r.steps])
 
-    def at_phase(variant, k, overhead, rtt, step, want):
-        r, jobs = once(variant, k, overhead, rtt, step, None)
+    def at_phase(variant, k, overhead, rtt, step, want, rep=None):
+        r, jobs = once(variant, k, overhead, rtt, step, None, rep)
         if want and len(want) == len(jobs):
             # a job's simulated phase is not a simple function of its start offset (the
             # step itself depends on the phase): try _PHASE_GRID offsets over one step for
@@ -310,7 +364,7 @@ def _runner(results, profile, pcfg, phases=None):
                 for g in range(_PHASE_GRID):
                     offs = list(offsets)
                     offs[i] = offsets[0] + period * g / _PHASE_GRID
-                    rg, jg = once(variant, k, overhead, rtt, step, offs)
+                    rg, jg = once(variant, k, overhead, rtt, step, offs, rep)
                     got = sim_phase(rg)
                     if got:
                         d = abs(((want[i] - got[i] + 0.5) % 1.0) - 0.5)
@@ -323,11 +377,8 @@ def _runner(results, profile, pcfg, phases=None):
             st["phase"] = got[i] if got else None
         return stats
 
-    def run(variant, k, overhead=0.0, rtt=0.0, step=0.0):
-        """Per job: the median over the variant's repeats (each simulated at its own
-        testbed phase) of the shared / alone step, and each repeat's simulated phase.
-        ``step``: horovod_prio's per-step cost, on every variant but plain Horovod."""
-        reps = [at_phase(variant, k, overhead, rtt, step, w)
+    def over_repeats(variant, k, overhead, rtt, step, rep):
+        reps = [at_phase(variant, k, overhead, rtt, step, w, rep)
                 for w in phases.get(variant) or [None]]
         return [{"shared": _med([rp[i]["shared"] for rp in reps]),
                  "alone": _med([rp[i]["alone"] for rp in reps]),
@@ -335,6 +386,23 @@ def _runner(results, profile, pcfg, phases=None):
                  "wait": _med([rp[i]["wait"] for rp in reps]),
                  "wait_max": _med([rp[i]["wait_max"] for rp in reps]),
                  "phase": [rp[i]["phase"] for rp in reps]} for i in range(len(reps[0]))]
+
+    def run(variant, k, overhead=0.0, rtt=0.0, step=0.0):
+        """Per job: the median over the variant's repeats (each simulated at its own
+        testbed phase) of the shared / alone step, and each repeat's simulated phase.
+        ``step``: horovod_prio's per-step cost, on every variant but plain Horovod.
+        With ``noise`` (:func:`make_noise`): each value is the median over the noise's
+        seeded replicas of that, and ``replicas`` / ``replicas_alone`` hold each
+        replica's shared / alone step (the phases are the first replica's)."""
+        if not noise:
+            return over_repeats(variant, k, overhead, rtt, step, None)
+        per = [over_repeats(variant, k, overhead, rtt, step, r)
+               for r in range(noise["replicas"])]
+        return [dict({key: _med([p[i][key] for p in per])
+                      for key in ("shared", "alone", "comm", "wait", "wait_max")},
+                     phase=per[0][i]["phase"],
+                     replicas=[p[i]["shared"] for p in per],
+                     replicas_alone=[p[i]["alone"] for p in per]) for i in range(len(per[0]))]
     return run
 
 
@@ -352,7 +420,7 @@ def _fit_error(run, variant, target, kw, window=None):
 
 def calibrate(alone: dict, profile: Profile, pcfg: PriorityConfig | None = None,
               overhead: float | None = 0.0, measured: dict | None = None,
-              comm: dict | None = None) -> dict:
+              comm: dict | None = None, noise: dict | None = None) -> dict:
     """horovod_prio's per-step cost and the arbiter round trip from one job measured
     alone (a ``benchmarks.cluster`` run with one job and the variants hvd, prio, spec),
     after the compute scale on hvd. Each is one number fitted on one variant: the
@@ -371,7 +439,8 @@ def calibrate(alone: dict, profile: Profile, pcfg: PriorityConfig | None = None,
 
     ``measured`` / ``comm`` (variant -> job 0's time in flight per step): what
     :func:`_measured` / :func:`_measured_comm` would read, for runs kept without
-    their step series (a ``benchmarks.headline`` folder)."""
+    their step series (a ``benchmarks.headline`` folder). ``noise``
+    (:func:`make_noise`): every fit on the median over its replicas."""
     meta = alone["meta"]
     if len(meta["jobs"]) != 1:
         raise ValueError("--calibrate: expected a run with one job, got %d" % len(meta["jobs"]))
@@ -384,7 +453,7 @@ def calibrate(alone: dict, profile: Profile, pcfg: PriorityConfig | None = None,
         raise ValueError("--calibrate: the job must be an arb job (its spec variant joins the "
                          "arbiter), got %r" % meta["jobs"][0].get("impl"))
     pcfg = pcfg or PriorityConfig.from_env({}, **_job_env(meta))
-    run = _runner(alone, profile, pcfg)
+    run = _runner(alone, profile, pcfg, noise=noise)
     def fit_k(ov):
         return _bisect(_fit_error(run, "hvd", measured["hvd"],
                                   kw=lambda x: {"k": x, "overhead": ov}), 0.05, 20.0,
@@ -416,6 +485,7 @@ def calibrate(alone: dict, profile: Profile, pcfg: PriorityConfig | None = None,
             "collective_overhead": overhead, "collective_overhead_fitted": fitted,
             "comm_variant": comm_v if fitted else None,
             "comm_measured_s": comm[comm_v] if fitted else None,
+            "noise": noise_summary(noise),
             "command": meta.get("command"), "git": meta.get("git"), "date": meta.get("date"),
             "measured": {v: measured[v][0]["alone"] or measured[v][0]["shared"]
                          for v in ("hvd", "prio", "spec")}}
@@ -424,14 +494,18 @@ def calibrate(alone: dict, profile: Profile, pcfg: PriorityConfig | None = None,
 def check(results: dict, profile: Profile, pcfg: PriorityConfig | None = None,
           overhead: float = 0.0, rtt: float = 0.0, compute_scale: float | None = None,
           phase: bool = True, step: float = 0.0, measured: dict | None = None,
-          phases: dict | None = None) -> dict:
+          phases: dict | None = None, noise: dict | None = None) -> dict:
     """Every variant of ``results`` in the simulator. The compute scale is fitted on
     plain Horovod unless ``compute_scale`` is given; then every row is a prediction.
     ``phase``: jobs that start together start in the simulator at the relative
     phase they had on the testbed (:func:`phase_fractions`), else 0.5 ms apart.
     ``measured`` / ``phases``: the per-job medians (as :func:`_measured`) and the
     repeats' phases (as :func:`_phases`) when ``results["runs"]`` has no step
-    series to take them from (a ``benchmarks.headline`` folder keeps only these)."""
+    series to take them from (a ``benchmarks.headline`` folder keeps only these).
+    ``noise`` (:func:`make_noise`): the measured step-to-step variation as compute
+    noise in every job, over seeded replicas; each row's ``sim_s`` is then the
+    replicas' median (the compute scale fitted on it) and ``sim_replicas`` each
+    replica's value. None: the deterministic model."""
     meta = results["meta"]
     pcfg = pcfg or PriorityConfig.from_env({}, **_job_env(meta))
     measured = measured if measured is not None else _measured(results)
@@ -445,7 +519,7 @@ def check(results: dict, profile: Profile, pcfg: PriorityConfig | None = None,
         phases = {}
     elif phases is None:
         phases = _phases(results)
-    run = _runner(results, profile, pcfg, phases)
+    run = _runner(results, profile, pcfg, phases, noise)
     fit = compute_scale is None
     k = compute_scale if not fit else _bisect(_fit_error(run, "hvd", measured["hvd"],
                            kw=lambda x: {"k": x, "overhead": overhead},
@@ -466,13 +540,16 @@ def check(results: dict, profile: Profile, pcfg: PriorityConfig | None = None,
             for key in ("shared", "alone"):
                 if m[key] is None or s[key] is None:
                     continue
-                rows.append({"variant": v, "job": i, "window": key, "measured_s": m[key],
-                             "sim_s": s[key], "error": s[key] / m[key] - 1.0,
-                             "fitted": fit and v == "hvd"})
+                row = {"variant": v, "job": i, "window": key, "measured_s": m[key],
+                       "sim_s": s[key], "error": s[key] / m[key] - 1.0,
+                       "fitted": fit and v == "hvd"}
+                if noise:
+                    row["sim_replicas"] = s["replicas" if key == "shared" else "replicas_alone"]
+                rows.append(row)
     return {"compute_scale": k, "compute_scale_fitted": fit, "phases": phases,
             "sim_phases": sim_phases,
             "collective_overhead": overhead, "arbiter_rtt": rtt, "step_cost": step,
-            "rows": rows, "waits": waits, "command": meta.get("command"),
+            "noise": noise_summary(noise), "rows": rows, "waits": waits, "command": meta.get("command"),
             "git": meta.get("git"),
             "date": meta.get("date")}
 
@@ -537,12 +614,21 @@ def markdown(res: dict) -> str:
     if sim:
         lines += ["Simulated %s at git %s: `python -m benchmarks.sim_check %s`." % (
             sim["date"], sim["git"], " ".join(sim["argv"])), ""]
+    nz = res.get("noise")
+    if nz:
+        lines += ["Compute noise: each job's compute per step stretched by one of %d measured "
+                  "step-to-step deviations (sd %.1f ms, 10–90 %% %+.1f to %+.1f ms), drawn per "
+                  "step; %d replicas seeded from %d; the simulator column is their median, "
+                  "(lo–hi) their range." % (nz["n"], 1e3 * nz["sd_s"], 1e3 * nz["p10_s"],
+                                             1e3 * nz["p90_s"], nz["replicas"], nz["seed"]), ""]
     lines += ["| variant | job | window | testbed s/step | simulator s/step | error |",
               "|---|---|---|---|---|---|"]
     for r in res["rows"]:
-        lines.append("| %s%s | %d | %s | %.3f | %.3f | %+.1f%% |" % (
+        reps = [x for x in r.get("sim_replicas") or [] if x is not None]
+        lines.append("| %s%s | %d | %s | %.3f | %.3f%s | %+.1f%% |" % (
             r["variant"], " (fitted)" if r["fitted"] else "", r["job"], r["window"],
-            r["measured_s"], r["sim_s"], 100 * r["error"]))
+            r["measured_s"], r["sim_s"],
+            " (%.3f–%.3f)" % (min(reps), max(reps)) if reps else "", 100 * r["error"]))
     if res.get("waits"):
         lines += ["", "Arbiter grant waits (request -> grant; testbed: the job's rank-0 trace): "
                   "their union over the job's measured steps per step, and the longest.", "",
@@ -598,6 +684,12 @@ def main(argv=None) -> int:
                    help="the compute scale instead of fitting it on DIR's plain Horovod run: a "
                         "number > 0, or 'calibrated' (the one measured on --calibrate's hvd "
                         "run: the same job's compute alone on the same pinning)")
+    p.add_argument("--replicas", type=int, default=0, metavar="N",
+                   help="with --calibrate: N seeded replicas with ALONE's plain-Horovod "
+                        "step-to-step variation as every job's compute noise, each row their "
+                        "median (default 0: the deterministic model)")
+    p.add_argument("--seed", type=int, default=0, metavar="S",
+                   help="the replicas' first seed (0)")
     p.add_argument("--no-phase", action="store_true",
                    help="start jobs that start together 0.5 ms apart in the simulator instead "
                         "of at the relative phase they had on the testbed")
@@ -618,6 +710,11 @@ def main(argv=None) -> int:
         if not (0 < k < float("inf")):
             p.error(f"argument --compute-scale: expected a number > 0 or 'calibrated', "
                     f"got {a.compute_scale!r}")
+    if a.replicas < 0:
+        p.error(f"argument --replicas: expected an integer >= 0, got {a.replicas}")
+    if a.replicas and not a.calibrate:
+        p.error("argument --replicas: needs --calibrate ALONE (its plain-Horovod steps are "
+                "the measured variation)")
     if k == "calibrated" and not a.calibrate:
         p.error("argument --compute-scale: 'calibrated' needs --calibrate ALONE")
     d = Path(a.dir)
@@ -626,11 +723,15 @@ def main(argv=None) -> int:
         profile = load_profile(a.profile)
     except (OSError, ValueError) as e:
         p.error(f"argument --profile: {e}")
-    cal = None
+    cal = noise = None
     if a.calibrate:
+        alone = _load(p, Path(a.calibrate), "--calibrate")
+        noise = make_noise(noise_draws(alone), a.replicas, a.seed)
+        if a.replicas and noise is None:
+            p.error("argument --replicas: the --calibrate run records no plain-Horovod steps "
+                    "to draw the variation from")
         try:
-            cal = calibrate(_load(p, Path(a.calibrate), "--calibrate"), profile,
-                            overhead=a.collective_overhead)
+            cal = calibrate(alone, profile, overhead=a.collective_overhead, noise=noise)
         except ValueError as e:
             p.error(str(e))
         a.step_cost, a.arbiter_rtt = cal["step_cost"], cal["arbiter_rtt"]
@@ -639,7 +740,7 @@ def main(argv=None) -> int:
             k = cal["compute_scale"]
     try:
         res = check(results, profile, overhead=a.collective_overhead, rtt=a.arbiter_rtt,
-                    compute_scale=k, phase=not a.no_phase, step=a.step_cost)
+                    compute_scale=k, phase=not a.no_phase, step=a.step_cost, noise=noise)
     except ValueError as e:
         p.error(f"argument dir: {e}")
     if cal:

@@ -159,6 +159,11 @@ class JobSpec:
     name: str = ""
     jitter: float = 0.0   # compute time x U(1-jitter, 1+jitter) per step
     seed: int = 0
+    #: measured per-step compute variation: seconds added to a step's compute (forward +
+    #: backward, every layer stretched alike), one value drawn per step with replacement
+    #: (seeded by ``seed`` and the job's index; empty: none). ``benchmarks.sim_check``
+    #: fills it with a testbed run's step-to-step deviations (docs/sim.md)
+    compute_noise: tuple = ()
     job_class: int = 0    # the job's priority class at the arbiter (HOROVOD_PRIO_JOB_PRIORITY)
     overlap: bool = False  # barrier crossing (hvd.overlap): see docs/sim.md
     #: the order the backward pass produces the gradients in (:data:`GRAD_ORDERS`,
@@ -369,6 +374,9 @@ class _Job:
         self.compute_s = t
         self.task_ready, self.task_bytes = ready, sizes
         self.rng = random.Random(f"{spec.seed}:{idx}") if spec.jitter > 0 else None
+        # its own stream, so that adding the measured noise leaves the jitter's draws alone
+        self.noise = tuple(float(x) for x in spec.compute_noise)
+        self.noise_rng = random.Random(f"{spec.seed}:{idx}:noise") if self.noise else None
         self.policy = None
         self.sched = None
         if mode != "fifo":
@@ -457,6 +465,10 @@ class _Job:
         f = 1.0
         if self.rng is not None:
             f = 1.0 + self.spec.jitter * (2.0 * self.rng.random() - 1.0)
+        if self.noise_rng is not None:
+            d = self.noise_rng.choice(self.noise)
+            if d:
+                f *= 1.0 + d / self.compute_s
         self.f = f
         if self.overlap:
             self.chunk_left[self.step] = list(self.task_nchunks)
@@ -684,6 +696,24 @@ class _Job:
         self._maybe_end()
 
 
+def _check_noise(i: int, j: JobSpec) -> None:
+    """jobs[i].compute_noise: finite seconds, none taking the step's compute to 0 or below."""
+    noise = j.compute_noise
+    if isinstance(noise, (str, bytes)) or not hasattr(noise, "__iter__"):
+        raise ValueError(f"jobs[{i}].compute_noise must be a sequence of seconds, got {noise!r}")
+    compute = gradient_ready(j.profile, j.grad_order)[1] if j.grad_order in GRAD_ORDERS else None
+    for x in noise:
+        if isinstance(x, bool) or not isinstance(x, numbers.Real) or not math.isfinite(x):
+            raise ValueError(f"jobs[{i}].compute_noise must hold finite seconds, got {x!r}")
+        if not x or compute is None:
+            continue
+        if compute <= 0:
+            raise ValueError(f"jobs[{i}].compute_noise: {x!r} s on a job without compute time")
+        if x <= -compute:
+            raise ValueError(f"jobs[{i}].compute_noise: {x!r} s would leave a step no compute "
+                             f"(the job's compute is {compute!r} s per step)")
+
+
 def simulate(jobs: Sequence[JobSpec], mode: str, link: Optional[LinkConfig] = None,
              priority: Optional[PriorityConfig] = None) -> SimResult:
     """Run ``jobs`` on one shared link under ``mode`` (one of :data:`MODES`)."""
@@ -704,6 +734,7 @@ def simulate(jobs: Sequence[JobSpec], mode: str, link: Optional[LinkConfig] = No
             raise ValueError(f"jobs[{i}].start must be a finite number >= 0, got {j.start!r}")
         if not (isinstance(j.jitter, numbers.Real) and 0 <= j.jitter < 1):
             raise ValueError(f"jobs[{i}].jitter must be a number in [0, 1), got {j.jitter!r}")
+        _check_noise(i, j)
         if j.grad_order not in GRAD_ORDERS:
             raise ValueError(f"jobs[{i}].grad_order must be one of {', '.join(GRAD_ORDERS)}, "
                              f"got {j.grad_order!r}")

@@ -211,6 +211,11 @@ def test_the_simulators_prediction_is_taken_from_its_rows():
     r = h.row_result(CLS_C1, "cluster", [_cl(0, "hvd", [0.42, 0.4], [0.3, None]),
                                          _cl(0, "spec", [0.28, 1], [0.27, None])], s)
     assert h.sim_text(r) == "0.300 (+7%)"
+    # horovod_prio's job without a step in the simulated window: said so, not "not checked"
+    none = h.sim_for(CLS_C1, {"rows": check["rows"][:1]}, "")
+    r = h.row_result(CLS_C1, "cluster", [_cl(0, "hvd", [0.42, 0.4], [0.3, None]),
+                                         _cl(0, "spec", [0.28, 1], [0.27, None])], none)
+    assert h.sim_text(r) == "– (the simulator gave no step of this job inside the shared window)"
 
 
 def test_aa_pairs_come_from_the_one_job_control():
@@ -284,6 +289,8 @@ def test_compact_keeps_a_runs_values_not_its_series():
     assert c["phase"] == sim_check.phase_fractions(pair) and c["phase"][1] == pytest.approx(0.25)
     assert c["comm_s"] == pytest.approx(0.6 / 18)                # per measured step of job 0
     assert c["mtu"] == 1500                                      # the testbed uplink's
+    # each job's measured steps, for the simulator's compute noise
+    assert c["job_steps_s"] == [[0.4] * 17 + [0.399]] * 2          # the last: to its end
     failed = h.compact("classes", "cluster", dict(rec, status="failed", error="boom\ntail",
                                                   variant="spec"))
     assert (failed["status"], failed["error"], failed["config"]) == ("failed", "boom", ["spec"])
@@ -462,17 +469,29 @@ def test_the_sweeps_calibration_gives_the_simulator_its_job_side_costs(tmp_path,
         monkeypatch.setattr(mod, "cleanup_stale", lambda *a, **k: [])
     monkeypatch.setattr(cluster, "execute_run", cluster_exec)
     out = tmp_path / "headline-cal"
-    assert h.main(["--quick", "--only", f"classes,{h.CALIBRATION}", "--out", str(out)]) == 0
+    assert h.main(["--quick", "--only", f"classes,{h.CALIBRATION}", "--out", str(out),
+                   "--replicas", "2", "--seed", "5"]) == 0
     res = results_io.load(out)
     assert [r["title"] for r in res["rows"]] == [CLS_C1.title, CLS_C0.title]
     cal = res["sim"]["classes"]
     assert cal["collective_overhead_s"] == pytest.approx(ov, rel=0.15)
     assert cal["costs"].startswith(f"measured on the {h.CALIBRATION} runs")
+    # the calibration runs' step times are kept, and their variation is the noise
+    kept = [r["job_steps_s"][0] for r in res["runs"]
+            if r["scenario"] == h.CALIBRATION and r["config"] == ["hvd"]]
+    assert kept and len(kept[0]) == meta["jobs"][0]["steps"]
+    assert cal["noise"]["n"] == sum(map(len, kept))
+    assert (cal["noise"]["replicas"], cal["noise"]["seed"]) == (2, 5)
     assert "Simulator: classes: compute scale" in (out / "results.md").read_text()
-    again = h.resim(out)
+    assert "median of 2 seeded replicas (seed 5)" in (out / "results.md").read_text()
+    # the runner's settings as the sweep ran them
+    assert res["meta"]["scenarios"]["classes"]["cluster_meta"]["jobs"][0]["class"] == 1
+    again = h.resim(out, replicas=2, seed=5)
     assert again["sim"]["classes"] == cal
     for row in again["rows"]:
         assert row["now"]["sim_s"] == pytest.approx(row["recorded"]["sim_s"], rel=1e-9)
+    # no replicas: the deterministic model
+    assert "noise" not in h.resim(out, replicas=0)["sim"]["classes"]
     # without the calibration runs: no costs, and the check says why
     bare = json.loads(json.dumps(res))
     bare["meta"]["scenarios"].pop(h.CALIBRATION)
@@ -506,7 +525,8 @@ def test_a_calibration_run_of_another_sweep_applies_only_on_a_box_at_the_same_sp
         "not calibrated: plain Horovod alone took 0.360 s/step in the calibration run, -10% off")
     for same in (0.35, None):
         costs, why = h.calibration_for(meta, alone, hvd_alone_s=same)
-        assert why == "" and costs == {"overhead": 0.011, "rtt": 0.0, "step": 0.0}
+        assert why == "" and costs == {"overhead": 0.011, "rtt": 0.0, "step": 0.0,
+                                       "noise": None}
 
 
 def test_a_calibration_run_applies_only_to_its_own_link_model_batch_and_pinning():
@@ -581,3 +601,39 @@ def test_a_full_sweep_regenerates_the_readme_table_and_a_partial_one_does_not(tm
     readme.write_text(before)
     assert "not every run" in h.update_readme(res, out, readme, repo=repo)
     assert readme.read_text() == before
+
+
+def test_resim_rebuilds_a_scenario_with_the_settings_its_sweep_ran(tmp_path, monkeypatch):
+    """A sweep records each cluster scenario's runner meta and --resim uses it; a
+    folder recorded without it is rebuilt from its arguments with the arbiter's class
+    reserve of its checkout: 0 for a checkout without the commit that made 0.875 the
+    default (asked of git), by the sweep's date where git does not know the checkout."""
+    import subprocess
+    repo = tmp_path / "repo"
+    repo.mkdir()
+    def git(*a):
+        return subprocess.run(["git", "-c", "user.name=t", "-c", "user.email=t@t", *a], cwd=repo,
+                              check=True, capture_output=True, text=True).stdout.strip()
+    git("init", "-q")
+    git("commit", "-q", "--allow-empty", "-m", "base")
+    base = git("rev-parse", "--short", "HEAD")
+    git("commit", "-q", "--allow-empty", "-m", "reserve on by default")
+    on = git("rev-parse", "--short", "HEAD")
+    git("commit", "-q", "--allow-empty", "-m", "later")
+    later = git("rev-parse", "--short", "HEAD")
+    monkeypatch.setattr(h, "REPO", repo)
+    monkeypatch.setattr(h, "CLASS_RESERVE_DEFAULT", (on, "2026-12-07T20:52:07+00:00"))
+    argv = ["--job", "arb,class=1,steps=30", "--job", "arb,class=0,start=4,steps=12",
+            "--variants", "hvd,spec", "--pin", "job", "--batch", "64"]
+    sc = {"runner": "cluster", "argv": argv}
+    today = h.cluster_meta(sc, 3)["arbiter_class_reserve"]
+    assert today > 0
+    after, before = "2026-12-07T21:00:00+00:00", "2026-12-07T20:00:00+00:00"
+    assert h.cluster_meta(sc, 3, base, after)["arbiter_class_reserve"] == 0.0   # git decides
+    assert h.cluster_meta(sc, 3, later + "-dirty", before)["arbiter_class_reserve"] == today
+    assert h.cluster_meta(sc, 3, "0123abc", before)["arbiter_class_reserve"] == 0.0  # unknown
+    assert h.cluster_meta(sc, 3, "0123abc", after)["arbiter_class_reserve"] == today
+    given = ["--arbiter-class-reserve", "0.5"]
+    assert h.cluster_meta(dict(sc, argv=argv + given), 3, base)["arbiter_class_reserve"] == 0.5
+    rec = dict(h.cluster_meta(sc, 3), arbiter_class_reserve=0.25)
+    assert h.cluster_meta(dict(sc, cluster_meta=rec), 3, base) is rec

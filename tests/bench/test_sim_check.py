@@ -3,6 +3,7 @@
 matched with a fitted scale of 3 and no error; the horovod_prio variant is
 predicted, not fitted."""
 from dataclasses import replace
+import statistics
 
 import pytest
 
@@ -208,6 +209,8 @@ def test_cli_refuses_bad_costs(tmp_path, capsys):
                        (["--compute-scale", "calibrated"], "--compute-scale"),
                        (["--compute-scale", "0"], "--compute-scale"),
                        (["--compute-scale", "fast"], "--compute-scale"),
+                       (["--replicas", "4"], "--replicas: needs --calibrate"),
+                       (["--replicas", "-1"], "--replicas: expected an integer >= 0"),
                        ([], "argument dir")):
         with pytest.raises(SystemExit):
             sim_check.main([str(tmp_path), "--profile", "x.json"] + argv)
@@ -242,6 +245,10 @@ def test_cli_calibrates_and_writes_unless_told_not_to(tmp_path, capsys):
     assert sim_check.main(argv + ["--no-write", "--compute-scale", "calibrated"]) == 0
     out = capsys.readouterr().out
     assert "given, not fitted" in out and "| hvd | 0 | shared |" in out
+    # ALONE's plain-Horovod step variation as compute noise over seeded replicas
+    assert sim_check.main(argv + ["--no-write", "--replicas", "3", "--seed", "2"]) == 0
+    out = capsys.readouterr().out
+    assert "3 replicas seeded from 2" in out and "| spec | 1 | shared |" in out
     with pytest.raises(SystemExit):
         sim_check.main([str(tmp_path / "shared"), "--profile", str(tmp_path / "nope.json")])
     assert "--profile" in capsys.readouterr().err
@@ -415,3 +422,70 @@ def test_one_inter_op_thread_gives_the_inline_gradient_order():
     assert sim_check.grad_order(cluster.results_meta(a, ["hvd"], "x")) == "inline"
     a = cluster.parse_args(["--job", "arb", "--repeats", "1", "--inter-threads", "2"])
     assert sim_check.grad_order(cluster.results_meta(a, ["hvd"], "x")) == "backprop"
+
+
+# ---------------------------------------------------------------- measured compute noise
+def test_step_deviations_pool_each_runs_steps_minus_its_own_median():
+    """A run's own level is not variation: [1, 2, 4] and [10, 10, 13] give the
+    deviations from 2 and 10; a run of one step gives none; from a cluster record,
+    job 0's measured steps of plain Horovod only."""
+    assert sim_check.step_deviations([[1.0, 2.0, 4.0], [10.0, 10.0, 13.0], [5.0], None]) == \
+        (-1.0, 0.0, 2.0, 0.0, 0.0, 3.0)
+    prof, warmup = _toy(), 2
+    link = LinkConfig(bandwidth=1e9 / 8, topology="nic")
+    res = simulate([JobSpec(prof, 2, 8 + warmup, compute_noise=(0.0, 0.01), seed=1)], "fifo",
+                   link)
+    steps = [s.seconds for s in res.steps[0][warmup:]]
+    rec = {"runs": [fake_run("hvd", res, warmup), dict(fake_run("spec", res, warmup),
+                                                         variant="spec")]}
+    rec["runs"][1]["jobs"][0]["steps"][warmup]["t_end"] += 5.0      # not read: not hvd
+    med = statistics.median(steps)
+    assert sim_check.noise_draws(rec) == pytest.approx([x - med for x in steps])
+    assert sim_check.make_noise((), 8) is None and sim_check.make_noise((0.01,), 0) is None
+    with pytest.raises(ValueError, match="replicas must be an integer >= 0, got -1"):
+        sim_check.make_noise((0.01,), -1)
+    with pytest.raises(ValueError, match="seed must be an integer, got '1'"):
+        sim_check.make_noise((0.01,), 2, "1")
+
+
+def _class_check(noise):
+    """A class-1 job joined by a class-0 job (the headline's class scenario on the toy
+    model), "measured" by the deterministic simulator at compute scale 2."""
+    prof, k, warmup = _toy(), 2.0, 3
+    slow = sim_check._scaled(prof, k)
+    link = LinkConfig(bandwidth=1e9 / 8, topology="nic")
+    meta = _meta(2, ["hvd", "spec"], warmup, 30)
+    meta["jobs"] = [dict(meta["jobs"][0], steps=30, **{"class": 1}),
+                    dict(meta["jobs"][0], steps=10, start=1.0, **{"class": 0})]
+    runs = []
+    for v, mode in (("hvd", "fifo"), ("spec", "adaptive")):
+        specs = [JobSpec(slow, 2, 30 + warmup, name="job0", job_class=1 if v == "spec" else 0),
+                 JobSpec(slow, 2, 10 + warmup, start=1.0, name="job1", seed=1)]
+        runs.append(fake_run(v, simulate(specs, mode, link, PriorityConfig.from_env({})), warmup))
+    return sim_check.check({"meta": meta, "runs": runs}, prof, PriorityConfig.from_env({}),
+                           noise=noise)
+
+
+def test_noise_replicas_are_seeded_and_a_zero_spread_reproduces_the_deterministic_check():
+    """With measured noise every row is the median of its seeded replicas (one value
+    per replica), the same seed gives the same rows, another seed other replicas;
+    a sample of zeros (no spread) gives exactly the deterministic check's numbers,
+    the fitted compute scale included."""
+    det = _class_check(None)
+    zero = _class_check(sim_check.make_noise((0.0,) * 6, 3))
+    assert zero["compute_scale"] == det["compute_scale"]
+    assert [r["sim_s"] for r in zero["rows"]] == [r["sim_s"] for r in det["rows"]]
+    assert all(r["sim_replicas"] == [r["sim_s"]] * 3 for r in zero["rows"])
+    draws = (-0.02, -0.01, 0.0, 0.015, 0.03)
+    a = _class_check(sim_check.make_noise(draws, 5, seed=7))
+    b = _class_check(sim_check.make_noise(draws, 5, seed=7))
+    c = _class_check(sim_check.make_noise(draws, 5, seed=8))
+    assert a["rows"] == b["rows"] and a["compute_scale"] == b["compute_scale"]
+    assert [r["sim_replicas"] for r in c["rows"]] != [r["sim_replicas"] for r in a["rows"]]
+    for r in a["rows"]:
+        assert len(r["sim_replicas"]) == 5
+        assert r["sim_s"] == statistics.median(x for x in r["sim_replicas"] if x is not None)
+    # the replicas differ from each other (each draws its own steps)
+    assert any(len(set(r["sim_replicas"])) > 1 for r in a["rows"])
+    assert a["noise"]["replicas"] == 5 and a["noise"]["n"] == 5 and a["noise"]["seed"] == 7
+    assert "5 replicas seeded from 7" in sim_check.markdown(a)

@@ -1004,3 +1004,58 @@ def test_scenarios_cli_records_its_command_and_takes_the_job_side_costs(tmp_path
             scenarios.main([flag, bad])
         err = capsys.readouterr().err
         assert flag in err and repr(bad) in err, err
+
+
+# ---------------------------------------------------------------- measured compute noise
+def _noise_prof():
+    return Profile("noise", (Layer("a", 1000, 0.01, 0.02), Layer("b", 2000, 0.01, 0.02)))
+
+
+def _noise_run(noise, seed=0, mode="fifo", jobs=1):
+    link = LinkConfig(bandwidth=1e12, topology="nic", latency=0.0)   # the link costs ~nothing
+    specs = [JobSpec(_noise_prof(), 2, 12, start=0.001 * i, seed=seed, compute_noise=noise)
+             for i in range(jobs)]
+    return simulate(specs, mode, link)
+
+
+def _durations(res):
+    return [[(s.start, s.end) for s in st] for st in res.steps]
+
+
+def test_measured_compute_noise_adds_one_drawn_value_to_each_steps_compute():
+    """Each step's compute is the profile's (0.06 s) plus one of the measured
+    deviations, drawn per step with replacement: every step time is base + d for a
+    d in the sample, and both values occur."""
+    base = _noise_run(())
+    res = _noise_run((-0.01, 0.02))
+    got = [s.seconds - b.seconds for s, b in zip(res.steps[0], base.steps[0])]
+    assert all(min(abs(g + 0.01), abs(g - 0.02)) < 1e-6 for g in got), got
+    assert any(abs(g + 0.01) < 1e-6 for g in got) and any(abs(g - 0.02) < 1e-6 for g in got)
+
+
+def test_compute_noise_is_seeded_and_zero_spread_reproduces_the_model_exactly():
+    """The same seed draws the same steps; another seed others; each job draws its
+    own; a sample of zeros (no measured spread) gives bit for bit the run without
+    noise, in every mode."""
+    noise = (-0.004, 0.0, 0.003, 0.011)
+    a, again = _noise_run(noise, seed=3, jobs=2), _noise_run(noise, seed=3, jobs=2)
+    assert _durations(a) == _durations(again)
+    assert _durations(_noise_run(noise, seed=4, jobs=2)) != _durations(a)
+    d0 = [s.seconds for s in a.steps[0]]
+    d1 = [s.seconds for s in a.steps[1]]
+    assert [round(x - d0[0], 9) for x in d0] != [round(x - d1[0], 9) for x in d1]
+    for mode in ("fifo", "priority", "adaptive"):
+        assert _durations(_noise_run((0.0,) * 5, mode=mode, jobs=2)) == \
+            _durations(_noise_run((), mode=mode, jobs=2))
+
+
+@pytest.mark.parametrize("noise, msg", [
+    ("0.01", "jobs[0].compute_noise must be a sequence of seconds"),
+    ((0.01, float("nan")), "jobs[0].compute_noise must hold finite seconds, got nan"),
+    ((True,), "jobs[0].compute_noise must hold finite seconds"),
+    ((-0.06,), "jobs[0].compute_noise: -0.06 s would leave a step no compute"),
+])
+def test_bad_compute_noise_is_refused_by_name(noise, msg):
+    with pytest.raises(ValueError) as e:
+        _noise_run(noise)
+    assert msg in str(e.value)
