@@ -680,7 +680,7 @@ def _noise_source(path) -> tuple[tuple, float | None]:
                and r["status"] == "ok"]
         return headline_noise_draws(rec), _med([(r.get("job_alone_s") or [None])[0]
                                                 or (r.get("job_s") or [None])[0] for r in cal])
-    m = sim_check._measured(rec).get("hvd") or [{}]
+    m = sim_check.measured_medians(rec).get("hvd") or [{}]
     return sim_check.noise_draws(rec), m[0].get("alone") or m[0].get("shared")
 
 

@@ -82,7 +82,7 @@ def _scaled(profile: Profile, k: float) -> Profile:
                                          for l in profile.layers))
 
 
-def _measured(results: dict) -> dict:
+def measured_medians(results: dict) -> dict:
     """variant -> per job medians (while shared, and alone), medians over repeats."""
     out = {}
     for v in results["meta"].get("variants") or []:
@@ -438,13 +438,13 @@ def calibrate(alone: dict, profile: Profile, pcfg: PriorityConfig | None = None,
     lack the time in flight.
 
     ``measured`` / ``comm`` (variant -> job 0's time in flight per step): what
-    :func:`_measured` / :func:`_measured_comm` would read, for runs kept without
+    :func:`measured_medians` / :func:`_measured_comm` would read, for runs kept without
     their step series (a ``benchmarks.headline`` folder). ``noise``
     (:func:`make_noise`): every fit on the median over its replicas."""
     meta = alone["meta"]
     if len(meta["jobs"]) != 1:
         raise ValueError("--calibrate: expected a run with one job, got %d" % len(meta["jobs"]))
-    measured = measured if measured is not None else _measured(alone)
+    measured = measured if measured is not None else measured_medians(alone)
     missing = [v for v in ("hvd", "prio", "spec") if v not in measured]
     if missing:
         raise ValueError("--calibrate: the run lacks variant(s) %s (run it with "
@@ -499,7 +499,7 @@ def check(results: dict, profile: Profile, pcfg: PriorityConfig | None = None,
     plain Horovod unless ``compute_scale`` is given; then every row is a prediction.
     ``phase``: jobs that start together start in the simulator at the relative
     phase they had on the testbed (:func:`phase_fractions`), else 0.5 ms apart.
-    ``measured`` / ``phases``: the per-job medians (as :func:`_measured`) and the
+    ``measured`` / ``phases``: the per-job medians (as :func:`measured_medians`) and the
     repeats' phases (as :func:`_phases`) when ``results["runs"]`` has no step
     series to take them from (a ``benchmarks.headline`` folder keeps only these).
     ``noise`` (:func:`make_noise`): the measured step-to-step variation as compute
@@ -508,7 +508,7 @@ def check(results: dict, profile: Profile, pcfg: PriorityConfig | None = None,
     replica's value. None: the deterministic model."""
     meta = results["meta"]
     pcfg = pcfg or PriorityConfig.from_env({}, **_job_env(meta))
-    measured = measured if measured is not None else _measured(results)
+    measured = measured if measured is not None else measured_medians(results)
     if "hvd" not in measured:
         raise ValueError("the run has no plain-Horovod (hvd) variant to fit the compute scale on")
     # fit the compute scale on plain Horovod (bisection: step time grows with k); in a

@@ -55,7 +55,7 @@ def test_recovers_the_compute_scale_and_predicts_the_other_variants():
     assert "| spec | 0 | shared |" in sim_check.markdown(res)
     # a record without step series (a headline folder): the medians and phases given
     given = sim_check.check({"meta": meta, "runs": []}, prof, pcfg,
-                            measured=sim_check._measured({"meta": meta, "runs": runs}),
+                            measured=sim_check.measured_medians({"meta": meta, "runs": runs}),
                             phases=res["phases"])
     assert given["phases"] == res["phases"] and given["phases"]
     assert [r["sim_s"] for r in given["rows"]] == pytest.approx([r["sim_s"] for r in res["rows"]])
