@@ -196,10 +196,7 @@ def _arbiter(r, cfg, timeout):
     from horovod_prio.arbiter.stats import fetch_stats
     where = "%s (link %s)" % (cfg.arbiter, cfg.link)
     try:
-        secret = cfg.arbiter_secret
-        if secret is None and cfg.arbiter_secret_file:
-            secret = P.read_secret_file(cfg.arbiter_secret_file,
-                                        "arbiter secret file (HOROVOD_PRIO_ARBITER_SECRET_FILE)")
+        secret = P.config_secret(cfg)
         if not secret:
             raise ValueError("no secret: set HOROVOD_PRIO_ARBITER_SECRET_FILE")
     except ValueError as e:

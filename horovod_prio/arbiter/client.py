@@ -676,10 +676,7 @@ def client_from_config(cfg, on_grant, client_cls=None, **kwargs):
     link = getattr(cfg, "link", None)
     if not address or not link:
         return None
-    secret = getattr(cfg, "arbiter_secret", None)
-    path = getattr(cfg, "arbiter_secret_file", None)
-    if secret is None and path:
-        secret = P.read_secret_file(path, "arbiter secret file (HOROVOD_PRIO_ARBITER_SECRET_FILE)")
+    secret = P.config_secret(cfg)
     if not secret:
         raise ValueError("PriorityConfig.arbiter_secret is required when arbiter is set "
                          "(env HOROVOD_PRIO_ARBITER_SECRET or HOROVOD_PRIO_ARBITER_SECRET_FILE)")

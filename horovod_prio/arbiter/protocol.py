@@ -161,6 +161,17 @@ def read_secret_file(path, what="secret file"):
     return s
 
 
+def config_secret(cfg):
+    """A job's arbiter secret from its ``PriorityConfig``: ``arbiter_secret``,
+    else the whole file ``arbiter_secret_file`` (:func:`read_secret_file`;
+    ``ValueError`` naming it), else None."""
+    secret = getattr(cfg, "arbiter_secret", None)
+    path = getattr(cfg, "arbiter_secret_file", None)
+    if secret is None and path:
+        secret = read_secret_file(path, "arbiter secret file (HOROVOD_PRIO_ARBITER_SECRET_FILE)")
+    return secret
+
+
 def new_nonce():
     return os.urandom(NONCE_LEN)
 

@@ -207,9 +207,5 @@ def watcher_from_config(config, on_change, **kwargs):
     or None when the job has no arbiter or turned ``class_auto`` off."""
     if not (config.arbiter and config.link and config.class_auto):
         return None
-    secret = config.arbiter_secret
-    if secret is None and config.arbiter_secret_file:
-        secret = P.read_secret_file(config.arbiter_secret_file,
-                                    "arbiter secret file (HOROVOD_PRIO_ARBITER_SECRET_FILE)")
-    return ClassWatcher(config.arbiter, secret, config.link, config.job_priority or 0,
-                        on_change, **kwargs).start()
+    return ClassWatcher(config.arbiter, P.config_secret(config), config.link,
+                        config.job_priority or 0, on_change, **kwargs).start()
